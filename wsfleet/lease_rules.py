@@ -1,0 +1,291 @@
+"""The lease protocol of DESIGN section 3 as pure functions.
+
+Nothing here reads a clock or touches the network: callers pass ``now`` in and get
+back either the conditional write to make or the decision to take, so every rule
+can be tested with a table of inputs.
+
+Timeline of one lease (wall clock of the writer, ``L`` = lease, ``S`` = skew)::
+
+    t0 acquire/renew sent ... expiry = t0 + L ...... others may take it when
+    |                                                their now - S > expiry
+    |<-- holder may handle until t0 + L - S - margin (fence deadline) -->|
+
+The holder's fence deadline always falls before the earliest moment another
+worker's condition can pass, as long as clocks differ by less than ``S``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from wsfleet import schema
+from wsfleet.item import ConnectionItem, to_attribute
+from wsfleet.timing import LeaseTiming
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionalUpdate:
+    """The parts of one ``UpdateItem`` call that the rules decide."""
+
+    update_expression: str
+    condition_expression: str
+    names: dict[str, str]
+    values: dict[str, Any]
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {
+            "UpdateExpression": self.update_expression,
+            "ConditionExpression": self.condition_expression,
+            "ExpressionAttributeNames": self.names,
+            "ExpressionAttributeValues": self.values,
+        }
+
+
+_NAMES = {
+    "#state": schema.DESIRED_STATE,
+    "#owner": schema.LEASE_OWNER,
+    "#expiry": schema.LEASE_EXPIRES_AT_MS,
+    "#epoch": schema.LEASE_EPOCH,
+    "#seq": schema.LAST_SEQ,
+    "#gen": schema.START_GEN,
+    "#updated": schema.UPDATED_AT_MS,
+}
+
+
+def _names(*placeholders: str) -> dict[str, str]:
+    return {p: _NAMES[p] for p in placeholders}
+
+
+def _values(**values: Any) -> dict[str, Any]:
+    return {f":{k}": to_attribute(v) for k, v in values.items()}
+
+
+# --- acquire ---------------------------------------------------------------------------
+
+
+def orphan_cutoff_ms(now_ms: int, timing: LeaseTiming) -> int:
+    """Leases that expired before this instant may be taken: ``now - skew``."""
+    return now_ms - timing.skew_ms
+
+
+def acquire_update(owner: str, now_ms: int, timing: LeaseTiming) -> ConditionalUpdate:
+    """Take a STARTED connection whose lease is free or lapsed; the epoch goes up by one."""
+    return ConditionalUpdate(
+        update_expression="SET #owner = :me, #expiry = :expiry, #updated = :now ADD #epoch :one",
+        condition_expression=(
+            "#state = :started AND (attribute_not_exists(#owner)"
+            " OR attribute_not_exists(#expiry) OR #expiry < :cutoff)"
+        ),
+        names=_names("#state", "#owner", "#expiry", "#epoch", "#updated"),
+        values=_values(
+            me=owner,
+            expiry=now_ms + timing.lease_ms,
+            now=now_ms,
+            one=1,
+            started=schema.STARTED,
+            cutoff=orphan_cutoff_ms(now_ms, timing),
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A lease this worker holds, with what it needs to run the connection."""
+
+    connection_id: str
+    owner: str
+    epoch: int
+    start_gen: int
+    ws_url: str
+    last_seq: int
+    expires_at_ms: int
+    takeover_latency_ms: int | None = None
+    """Set when the lease was taken over after lapsing (not a first start or a release)."""
+
+
+def lease_won(old: ConnectionItem, owner: str, now_ms: int, timing: LeaseTiming) -> Lease:
+    """The lease an acquire created, from the item as it was before the write (ALL_OLD)."""
+    lapsed_holder = old.lease_owner is not None and old.lease_expires_at_ms > 0
+    return Lease(
+        connection_id=old.connection_id,
+        owner=owner,
+        epoch=old.lease_epoch + 1,
+        start_gen=old.start_gen,
+        ws_url=old.ws_url,
+        last_seq=old.last_seq,
+        expires_at_ms=now_ms + timing.lease_ms,
+        takeover_latency_ms=max(0, now_ms - old.lease_expires_at_ms) if lapsed_holder else None,
+    )
+
+
+class AcquireRefusal(enum.Enum):
+    """Why an acquire's condition failed."""
+
+    HELD = "held"
+    """Another worker holds a live lease (or won the race)."""
+    STOPPED = "stopped"
+    UNKNOWN_ID = "unknown_id"
+
+
+def acquire_failure(old: ConnectionItem | None, owner: str) -> AcquireRefusal | Lease:
+    """Decide on a failed acquire from the item that made it fail.
+
+    When the stored owner is this worker, an SDK retry of a write that had in fact
+    succeeded is being reported: the lease is adopted with its stored epoch rather
+    than left idle until it lapses.
+    """
+    if old is None:
+        return AcquireRefusal.UNKNOWN_ID
+    if old.lease_owner == owner:
+        return Lease(
+            connection_id=old.connection_id,
+            owner=owner,
+            epoch=old.lease_epoch,
+            start_gen=old.start_gen,
+            ws_url=old.ws_url,
+            last_seq=old.last_seq,
+            expires_at_ms=old.lease_expires_at_ms,
+        )
+    if not old.started:
+        return AcquireRefusal.STOPPED
+    return AcquireRefusal.HELD
+
+
+# --- renew -----------------------------------------------------------------------------
+
+
+def renew_update(
+    lease: Lease, last_seq: int, now_ms: int, timing: LeaseTiming
+) -> ConditionalUpdate:
+    """Extend the lease and write the checkpoint in the same write.
+
+    ``#expiry <= :expiry`` stops an older renew that arrives late from moving the
+    expiry backwards; a retry of the same renew writes the same value and passes.
+    """
+    return ConditionalUpdate(
+        update_expression="SET #expiry = :expiry, #seq = :seq, #updated = :now",
+        condition_expression=(
+            "#owner = :me AND #epoch = :epoch AND #gen = :gen"
+            " AND #state = :started AND #expiry <= :expiry"
+        ),
+        names=_names("#owner", "#epoch", "#gen", "#state", "#expiry", "#seq", "#updated"),
+        values=_values(
+            me=lease.owner,
+            epoch=lease.epoch,
+            gen=lease.start_gen,
+            started=schema.STARTED,
+            expiry=now_ms + timing.lease_ms,
+            seq=last_seq,
+            now=now_ms,
+        ),
+    )
+
+
+class RenewRefusal(enum.Enum):
+    """Why a renew's condition failed, and so what the holder must do."""
+
+    LOST = "lost"
+    """Another owner or epoch: stop at once and release nothing."""
+    STOPPED = "stopped"
+    """The router stopped the connection: close gracefully and release."""
+    RESTARTED = "restarted"
+    """A newer start (new ``start_gen``): close gracefully and release; the URL may differ."""
+    GONE = "gone"
+    """The item was deleted: close gracefully."""
+    SUPERSEDED = "superseded"
+    """A later renew of this holder already landed; this late one changes nothing."""
+
+    @property
+    def keeps_lease(self) -> bool:
+        return self is RenewRefusal.SUPERSEDED
+
+    @property
+    def graceful(self) -> bool:
+        """The lease is still this holder's, so it closes in order and releases."""
+        return self in (RenewRefusal.STOPPED, RenewRefusal.RESTARTED)
+
+
+def renew_failure(old: ConnectionItem | None, lease: Lease) -> RenewRefusal:
+    """Decide on a failed renew from the item that made it fail (ALL_OLD)."""
+    if old is None:
+        return RenewRefusal.GONE
+    if old.lease_owner != lease.owner or old.lease_epoch != lease.epoch:
+        return RenewRefusal.LOST
+    if not old.started:
+        return RenewRefusal.STOPPED
+    if old.start_gen != lease.start_gen:
+        return RenewRefusal.RESTARTED
+    return RenewRefusal.SUPERSEDED
+
+
+# --- release ---------------------------------------------------------------------------
+
+
+def release_update(lease: Lease, last_seq: int | None, now_ms: int) -> ConditionalUpdate:
+    """Give the lease back so others may take it at once (expiry 0).
+
+    With ``last_seq`` the final checkpoint is written, but only while the start
+    generation is still the one it belongs to: after a restart the router may have
+    reset ``last_seq`` for a new URL, and an old checkpoint must not overwrite that.
+    Without it (``None``) only the lease is given back.
+    """
+    names = _names("#owner", "#epoch", "#expiry", "#updated")
+    values = _values(me=lease.owner, epoch=lease.epoch, zero=0, now=now_ms)
+    update = "REMOVE #owner SET #expiry = :zero, #updated = :now"
+    condition = "#owner = :me AND #epoch = :epoch"
+    if last_seq is not None:
+        names |= _names("#seq", "#gen")
+        values |= _values(seq=last_seq, gen=lease.start_gen)
+        update += ", #seq = :seq"
+        condition += " AND #gen = :gen"
+    return ConditionalUpdate(update, condition, names, values)
+
+
+class ReleaseOutcome(enum.Enum):
+    RELEASED = "released"
+    NOT_HELD = "not_held"
+    """Another owner or epoch, or no item: nothing of ours to release."""
+    RETRY_WITHOUT_CHECKPOINT = "retry_without_checkpoint"
+    """Still ours, but restarted since: release without writing the old checkpoint."""
+
+
+def release_failure(old: ConnectionItem | None, lease: Lease) -> ReleaseOutcome:
+    if old is None or old.lease_owner != lease.owner or old.lease_epoch != lease.epoch:
+        return ReleaseOutcome.NOT_HELD
+    return ReleaseOutcome.RETRY_WITHOUT_CHECKPOINT
+
+
+# --- orphans and fencing ---------------------------------------------------------------
+
+
+def orphan_query(now_ms: int, timing: LeaseTiming) -> dict[str, Any]:
+    """Key condition of the GSI query that finds STARTED connections with a lapsed or
+    free lease (``lease_expires_at_ms`` is 0 when never taken or released)."""
+    return {
+        "IndexName": schema.STATE_INDEX_NAME,
+        "KeyConditionExpression": "#state = :started AND #expiry < :cutoff",
+        "ExpressionAttributeNames": _names("#state", "#expiry"),
+        "ExpressionAttributeValues": _values(
+            started=schema.STARTED, cutoff=orphan_cutoff_ms(now_ms, timing)
+        ),
+    }
+
+
+def is_orphan(item: ConnectionItem, now_ms: int, timing: LeaseTiming) -> bool:
+    """True when an acquire at ``now_ms`` would pass its condition."""
+    return item.started and (
+        item.lease_owner is None or item.lease_expires_at_ms < orphan_cutoff_ms(now_ms, timing)
+    )
+
+
+def fence_deadline(renew_sent_at: float, timing: LeaseTiming) -> float:
+    """Monotonic instant after which the holder must not hand a message to the handler:
+    ``sent_at(last successful acquire or renew) + lease - skew - margin``."""
+    return renew_sent_at + timing.fence_after
+
+
+def may_handle(now: float, deadline: float) -> bool:
+    """True strictly before the fence deadline."""
+    return now < deadline

@@ -1,0 +1,141 @@
+"""Executes the lease rules against DynamoDB with an injected boto3 client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from wsfleet import lease_rules, schema
+from wsfleet.conditional_write import ConditionFailedError, item_key, update_connection
+from wsfleet.item import ConnectionItem
+from wsfleet.lease_rules import (
+    AcquireRefusal,
+    ConditionalUpdate,
+    Lease,
+    ReleaseOutcome,
+    RenewRefusal,
+)
+from wsfleet.timing import LeaseTiming
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+
+
+@dataclass(frozen=True, slots=True)
+class Renewed:
+    """A renew that landed: the lease now runs until ``expires_at_ms``."""
+
+    expires_at_ms: int
+
+
+class LeaseStore:
+    """acquire / renew / release / find orphans, exactly per DESIGN section 3.
+
+    Every method takes the caller's ``now_ms``. Errors other than a failed condition
+    (throttling, timeouts) propagate as botocore exceptions: the outcome is unknown.
+    """
+
+    def __init__(self, client: DynamoDBClient, table_name: str, timing: LeaseTiming) -> None:
+        self._client = client
+        self._table = table_name
+        self._timing = timing
+
+    @property
+    def timing(self) -> LeaseTiming:
+        return self._timing
+
+    def acquire(self, connection_id: str, owner: str, now_ms: int) -> Lease | AcquireRefusal:
+        """Take the lease if it is free or lapsed. Exactly one concurrent caller wins."""
+        try:
+            old = self._update(
+                connection_id,
+                lease_rules.acquire_update(owner, now_ms, self._timing),
+                return_values="ALL_OLD",
+            )
+        except ConditionFailedError as failed:
+            return lease_rules.acquire_failure(failed.old, owner)
+        if old is None:  # pragma: no cover - the condition requires an existing item
+            return AcquireRefusal.UNKNOWN_ID
+        return lease_rules.lease_won(old, owner, now_ms, self._timing)
+
+    def renew(self, lease: Lease, last_seq: int, now_ms: int) -> Renewed | RenewRefusal:
+        """Extend the lease and checkpoint ``last_seq`` in one write."""
+        update = lease_rules.renew_update(lease, last_seq, now_ms, self._timing)
+        try:
+            self._update(lease.connection_id, update, return_values="NONE")
+        except ConditionFailedError as failed:
+            return lease_rules.renew_failure(failed.old, lease)
+        return Renewed(expires_at_ms=now_ms + self._timing.lease_ms)
+
+    def release(self, lease: Lease, last_seq: int, now_ms: int) -> bool:
+        """Give the lease back with the final checkpoint; True if it was still ours."""
+        try:
+            self._update(
+                lease.connection_id,
+                lease_rules.release_update(lease, last_seq, now_ms),
+                return_values="NONE",
+            )
+            return True
+        except ConditionFailedError as failed:
+            outcome = lease_rules.release_failure(failed.old, lease)
+        if outcome is ReleaseOutcome.NOT_HELD:
+            return False
+        try:
+            self._update(
+                lease.connection_id,
+                lease_rules.release_update(lease, None, now_ms),
+                return_values="NONE",
+            )
+            return True
+        except ConditionFailedError:
+            return False
+
+    def find_orphans(self, now_ms: int, limit: int) -> list[str]:
+        """Ids of STARTED connections whose lease is free or lapsed, from the GSI
+        (eventually consistent: a stale entry costs one failed acquire)."""
+        found: list[str] = []
+        for key in self._query_keys(lease_rules.orphan_query(now_ms, self._timing), limit):
+            found.append(schema.connection_id_of(key))
+        return found
+
+    def get(self, connection_id: str, *, consistent: bool = True) -> ConnectionItem | None:
+        response = self._client.get_item(
+            TableName=self._table,
+            Key=item_key(connection_id),
+            ConsistentRead=consistent,
+        )
+        raw = response.get("Item")
+        return ConnectionItem.from_dynamodb(raw) if raw else None
+
+    # --- plumbing ----------------------------------------------------------------------
+
+    def _update(
+        self,
+        connection_id: str,
+        update: ConditionalUpdate,
+        *,
+        return_values: Literal["NONE", "ALL_OLD"],
+    ) -> ConnectionItem | None:
+        return update_connection(
+            self._client,
+            self._table,
+            connection_id,
+            update.as_kwargs(),
+            return_values=return_values,
+        )
+
+    def _query_keys(self, query: dict[str, Any], limit: int) -> Iterator[str]:
+        remaining = limit
+        start_key: dict[str, Any] | None = None
+        while remaining > 0:
+            page_args: dict[str, Any] = {"TableName": self._table, "Limit": remaining, **query}
+            if start_key:
+                page_args["ExclusiveStartKey"] = start_key
+            page = self._client.query(**page_args)
+            for raw in page.get("Items", []):
+                remaining -= 1
+                yield str(raw[schema.PARTITION_KEY]["S"])
+            start_key = page.get("LastEvaluatedKey")
+            if not start_key:
+                return
