@@ -1,0 +1,4 @@
+"""The worker: owns long-lived upstream WebSocket connections through DynamoDB leases.
+
+Run it with ``python -m worker``; it is configured by the environment (DESIGN section 4).
+"""

@@ -1,0 +1,57 @@
+"""``python -m worker``: run one worker process until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from worker import logs
+from worker.aws_clients import make_clients
+from worker.config import ConfigError, WorkerConfig
+from worker.delivery import load_handler
+from worker.fleet_worker import Worker, WorkerDeps
+from worker.plugins import PluginError
+from worker.upstream_protocol import load_protocol
+from wsfleet.lease_store import LeaseStore
+
+log = logging.getLogger("worker")
+
+AWS_THREADS = 32
+
+
+async def serve(config: WorkerConfig, deps: WorkerDeps) -> None:
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(AWS_THREADS, thread_name_prefix="aws"))
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await Worker(config, deps).run(stop)
+
+
+def main() -> int:
+    try:
+        config = WorkerConfig.from_env()
+    except ConfigError as error:
+        print(f"worker: configuration error: {error}", file=sys.stderr)
+        return 2
+    logs.configure(level=config.log_level, service=config.service_name, worker_id=config.worker_id)
+    try:
+        handler = load_handler(config.handler)
+        protocol = load_protocol(config.upstream_protocol)
+    except PluginError as error:
+        log.error("plug-in error", extra={"error": str(error)})
+        return 2
+    clients = make_clients(
+        config.timing, sqs_wait_seconds=config.sqs_wait_seconds, pool_size=AWS_THREADS
+    )
+    store = LeaseStore(clients.dynamodb, config.table_name, config.timing)
+    deps = WorkerDeps(store=store, sqs=clients.sqs, handler=handler, protocol=protocol)
+    asyncio.run(serve(config, deps))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""What an attempt to take a connection came to, from the worker's point of view."""
+
+from __future__ import annotations
+
+import enum
+
+
+class AcquireResult(enum.Enum):
+    WON = "won"
+    ALREADY_MINE = "already_mine"
+    HELD = "held"
+    """Another worker holds a live lease."""
+    STOPPED = "stopped"
+    UNKNOWN_ID = "unknown_id"
+    NO_CAPACITY = "no_capacity"
+    CLOSING = "closing"
+    """The worker is shutting down and takes no more work."""
+
+    @property
+    def settled(self) -> bool:
+        """The outcome is known and final for this hint: its message can be deleted."""
+        return self not in (AcquireResult.NO_CAPACITY, AcquireResult.CLOSING)

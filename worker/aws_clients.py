@@ -1,0 +1,76 @@
+"""boto3 clients for the worker, with timeouts that cannot eat a lease.
+
+Endpoints come from boto3's own ``AWS_ENDPOINT_URL_<SERVICE>`` variables (the local
+stack sets them); nothing here passes ``endpoint_url``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import boto3
+from botocore.config import Config
+
+from wsfleet.timing import LeaseTiming
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_sqs import SQSClient
+
+log = logging.getLogger(__name__)
+
+_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL_SQS")
+
+
+@dataclass(frozen=True, slots=True)
+class Clients:
+    dynamodb: DynamoDBClient
+    sqs: SQSClient
+
+
+def dynamodb_config(timing: LeaseTiming, pool_size: int) -> Config:
+    """Two attempts, each bounded by a third of a heartbeat (at least 0.5 s), so a hung
+    request is abandoned well before the lease is at risk and the renew loop can try
+    again while the fence deadline is still ahead."""
+    per_attempt = max(0.5, timing.heartbeat / 3)
+    return Config(
+        connect_timeout=per_attempt,
+        read_timeout=per_attempt,
+        retries={"mode": "standard", "total_max_attempts": 2},
+        max_pool_connections=pool_size,
+    )
+
+
+def sqs_config(wait_seconds: int) -> Config:
+    # A long poll holds the request open for ``wait_seconds``; the read timeout
+    # must outlast it.
+    return Config(
+        connect_timeout=2,
+        read_timeout=wait_seconds + 5,
+        retries={"mode": "standard", "total_max_attempts": 3},
+        max_pool_connections=16,
+    )
+
+
+def make_clients(timing: LeaseTiming, *, sqs_wait_seconds: int, pool_size: int) -> Clients:
+    session = boto3.session.Session()
+    region: str | None = session.region_name
+    if not region:
+        region = "us-east-1"
+        log.warning("no AWS region configured; using %s", region)
+    if session.get_credentials() is None and any(os.environ.get(v) for v in _ENDPOINT_VARIABLES):
+        # Local endpoints (DynamoDB Local, moto) accept any key; without one botocore
+        # refuses to sign at all.
+        log.warning("no AWS credentials; using placeholder ones for the local endpoints")
+        session = boto3.session.Session(
+            aws_access_key_id="local", aws_secret_access_key="local", region_name=region
+        )
+    return Clients(
+        dynamodb=session.client(
+            "dynamodb", region_name=region, config=dynamodb_config(timing, pool_size)
+        ),
+        sqs=session.client("sqs", region_name=region, config=sqs_config(sqs_wait_seconds)),
+    )

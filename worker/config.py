@@ -1,0 +1,160 @@
+"""Worker settings, read from the environment in one place (DESIGN section 4)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from wsfleet.timing import InvalidTimingError, LeaseTiming
+
+TABLE_NAME: Final = "TABLE_NAME"
+QUEUE_URL: Final = "QUEUE_URL"
+WORKER_ID: Final = "WORKER_ID"
+LEASE_SECONDS: Final = "LEASE_SECONDS"
+HEARTBEAT_SECONDS: Final = "HEARTBEAT_SECONDS"
+RECONCILE_SECONDS: Final = "RECONCILE_SECONDS"
+MAX_SKEW_SECONDS: Final = "MAX_SKEW_SECONDS"
+MAX_CONNECTIONS: Final = "MAX_CONNECTIONS"
+REASSIGN_ON_RELEASE: Final = "REASSIGN_ON_RELEASE"
+UPSTREAM_PROTOCOL: Final = "UPSTREAM_PROTOCOL"
+HANDLER_ERRORS: Final = "HANDLER_ERRORS"
+METRICS_NAMESPACE: Final = "METRICS_NAMESPACE"
+SERVICE_NAME: Final = "SERVICE_NAME"
+HANDLER: Final = "HANDLER"
+METRICS_INTERVAL_SECONDS: Final = "METRICS_INTERVAL_SECONDS"
+HEALTH_FILE: Final = "HEALTH_FILE"
+SQS_WAIT_SECONDS: Final = "SQS_WAIT_SECONDS"
+PING_INTERVAL_SECONDS: Final = "PING_INTERVAL_SECONDS"
+MAX_MESSAGE_BYTES: Final = "MAX_MESSAGE_BYTES"
+LOG_LEVEL: Final = "LOG_LEVEL"
+
+DEFAULT_HEALTH_FILE: Final = "/tmp/websocket-fleet-worker.alive"
+
+
+class ConfigError(ValueError):
+    """A missing or malformed setting; the message names the variable."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    table_name: str
+    queue_url: str
+    worker_id: str
+    timing: LeaseTiming
+    max_connections: int = 500
+    reassign_on_release: bool = True
+    upstream_protocol: str = "json-seq"
+    handler_errors: str = "retry"
+    metrics_namespace: str = "WebSocketFleet"
+    service_name: str = "websocket-fleet"
+    handler: str | None = None
+    metrics_interval: float = 60.0
+    health_file: Path = Path(DEFAULT_HEALTH_FILE)
+    sqs_wait_seconds: int = 20
+    ping_interval: float = 5.0
+    max_message_bytes: int = 1 << 20
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerConfig:
+        env = os.environ if env is None else env
+        timing = timing_from_env(env)
+        handler_errors = env.get(HANDLER_ERRORS, "retry").strip().lower()
+        if handler_errors not in ("retry", "skip"):
+            raise ConfigError(f"{HANDLER_ERRORS} must be 'retry' or 'skip', got {handler_errors!r}")
+        max_connections = _int(env, MAX_CONNECTIONS, 500)
+        if max_connections < 1:
+            raise ConfigError(f"{MAX_CONNECTIONS} must be >= 1")
+        sqs_wait = _int(env, SQS_WAIT_SECONDS, 20)
+        if not 0 <= sqs_wait <= 20:
+            raise ConfigError(f"{SQS_WAIT_SECONDS} must be 0..20 (SQS long-poll limit)")
+        return cls(
+            table_name=_required(env, TABLE_NAME),
+            queue_url=_required(env, QUEUE_URL),
+            worker_id=env.get(WORKER_ID) or default_worker_id(),
+            timing=timing,
+            max_connections=max_connections,
+            reassign_on_release=_bool(env, REASSIGN_ON_RELEASE, True),
+            upstream_protocol=env.get(UPSTREAM_PROTOCOL) or "json-seq",
+            handler_errors=handler_errors,
+            metrics_namespace=env.get(METRICS_NAMESPACE) or "WebSocketFleet",
+            service_name=env.get(SERVICE_NAME) or "websocket-fleet",
+            handler=env.get(HANDLER) or None,
+            metrics_interval=_positive_float(env, METRICS_INTERVAL_SECONDS, 60.0),
+            health_file=Path(env.get(HEALTH_FILE) or DEFAULT_HEALTH_FILE),
+            sqs_wait_seconds=sqs_wait,
+            ping_interval=_positive_float(env, PING_INTERVAL_SECONDS, max(timing.heartbeat, 1.0)),
+            max_message_bytes=_int(env, MAX_MESSAGE_BYTES, 1 << 20),
+            log_level=(env.get(LOG_LEVEL) or "INFO").upper(),
+        )
+
+
+def timing_from_env(env: Mapping[str, str]) -> LeaseTiming:
+    """Lease timing from ``LEASE_SECONDS`` and the optional overrides, validated."""
+    try:
+        return LeaseTiming.from_lease(
+            _positive_float(env, LEASE_SECONDS, 20.0),
+            heartbeat=_opt_float(env, HEARTBEAT_SECONDS),
+            reconcile=_opt_float(env, RECONCILE_SECONDS),
+            skew=_opt_float(env, MAX_SKEW_SECONDS),
+        )
+    except InvalidTimingError as error:
+        raise ConfigError(f"invalid lease timing: {error}") from error
+
+
+def default_worker_id() -> str:
+    """Unique per process: host, pid and a random suffix (a restarted process on the
+    same host never reuses the id of its predecessor)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def _required(env: Mapping[str, str], name: str) -> str:
+    value = env.get(name, "").strip()
+    if not value:
+        raise ConfigError(f"{name} is required")
+    return value
+
+
+def _opt_float(env: Mapping[str, str], name: str) -> float | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
+
+
+def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
+    value = _opt_float(env, name)
+    if value is None:
+        return default
+    if not value > 0:
+        raise ConfigError(f"{name} must be > 0, got {value}")
+    return value
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name} must be true or false, got {raw!r}")

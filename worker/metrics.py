@@ -1,0 +1,75 @@
+"""EMF metrics of the worker, flushed on a timer as one JSON line each period.
+
+Every period publishes every counter (zeros included) and the ActiveConnections
+gauge, because the scaling policy averages over tasks and a task that skips a
+period would skew the average. Dimension sets: ``[Service]`` (fleet view and
+scaling) and ``[Service, TaskId]`` (per-task view).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import TextIO
+
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import (
+    AmazonCloudWatchEMFProvider,
+)
+
+from wsfleet import metric_names as m
+
+
+class FleetMetrics:
+    def __init__(
+        self,
+        *,
+        namespace: str,
+        service: str,
+        task_id: str,
+        active_connections: Callable[[], int],
+        out: TextIO | None = None,
+    ) -> None:
+        self._emf = AmazonCloudWatchEMFProvider(namespace=namespace)
+        # Powertools adds a "service" dimension whenever a service name is known
+        # (argument or POWERTOOLS_SERVICE_NAME); a metric published with
+        # {Service, service} would not match a scaling policy keyed on {Service}.
+        self._emf.service = None  # type: ignore[assignment]
+        self._service = service
+        self._task_id = task_id
+        self._active = active_connections
+        self._out = out
+        self._counts = dict.fromkeys(m.COUNTERS, 0)
+        self._takeover_latencies: list[float] = []
+
+    def count(self, name: str, value: int = 1) -> None:
+        self._counts[name] += value
+
+    def takeover_latency(self, milliseconds: float) -> None:
+        self._takeover_latencies.append(milliseconds)
+
+    def snapshot(self) -> dict[str, int]:
+        """Counts since the last flush (for logs and tests)."""
+        return dict(self._counts)
+
+    def flush(self, timestamp_ms: int | None = None) -> dict[str, object]:
+        """Write one EMF line with this period's values, reset the counters, return it."""
+        emf = self._emf
+        emf.add_dimension(name=m.SERVICE_DIMENSION, value=self._service)
+        emf.add_dimensions(**{m.SERVICE_DIMENSION: self._service, m.TASK_DIMENSION: self._task_id})
+        emf.add_metric(name=m.ACTIVE_CONNECTIONS, unit=MetricUnit.Count, value=self._active())
+        for name, value in self._counts.items():
+            emf.add_metric(name=name, unit=MetricUnit.Count, value=value)
+        for latency in self._takeover_latencies:
+            emf.add_metric(name=m.TAKEOVER_LATENCY_MS, unit=MetricUnit.Milliseconds, value=latency)
+        if timestamp_ms is not None:
+            emf.set_timestamp(timestamp_ms)
+        document = dict(emf.serialize_metric_set())
+        emf.clear_metrics()
+        self._counts = dict.fromkeys(m.COUNTERS, 0)
+        self._takeover_latencies = []
+        out = self._out or sys.stdout
+        out.write(json.dumps(document, separators=(",", ":")) + "\n")
+        out.flush()
+        return document

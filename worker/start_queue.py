@@ -1,0 +1,152 @@
+"""The SQS start path: long-poll for start/reassign hints and try to acquire.
+
+Messages are hints (the table is the truth). A message is deleted once its outcome
+is known; on an error it becomes visible again after a short delay; a worker that
+cannot take it (full, closing) hands it straight back. A poison message is logged
+and left alone, so after ``maxReceiveCount`` receives it lands in the DLQ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from worker.acquire_result import AcquireResult
+from worker.blocking import in_daemon_thread
+from worker.capacity import Capacity
+from wsfleet.backoff import backoff_delays
+from wsfleet.start_messages import (
+    REASSIGN,
+    InvalidStartMessageError,
+    StartMessage,
+    parse_body,
+)
+
+if TYPE_CHECKING:
+    from mypy_boto3_sqs import SQSClient
+    from mypy_boto3_sqs.type_defs import MessageTypeDef
+
+log = logging.getLogger(__name__)
+
+Acquire = Callable[[str], Awaitable[AcquireResult]]
+
+
+class StartQueue:
+    """Thin async wrapper over the start queue."""
+
+    def __init__(self, sqs: SQSClient, queue_url: str, *, wait_seconds: int) -> None:
+        self._sqs = sqs
+        self._url = queue_url
+        self._wait = wait_seconds
+
+    async def receive(self, max_messages: int) -> list[MessageTypeDef]:
+        response = await in_daemon_thread(
+            lambda: self._sqs.receive_message(
+                QueueUrl=self._url,
+                MaxNumberOfMessages=max(1, min(10, max_messages)),
+                WaitTimeSeconds=self._wait,
+                MessageSystemAttributeNames=["ApproximateReceiveCount"],
+            )
+        )
+        return list(response.get("Messages", []))
+
+    async def delete(self, receipt: str) -> None:
+        await self._call(self._sqs.delete_message, QueueUrl=self._url, ReceiptHandle=receipt)
+
+    async def retry_later(self, receipt: str, seconds: int) -> None:
+        await self._call(
+            self._sqs.change_message_visibility,
+            QueueUrl=self._url,
+            ReceiptHandle=receipt,
+            VisibilityTimeout=seconds,
+        )
+
+    async def send(self, message: StartMessage) -> None:
+        await self._call(self._sqs.send_message, QueueUrl=self._url, MessageBody=message.to_body())
+
+    async def _call(self, method: Callable[..., Any], **kwargs: Any) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, lambda: method(**kwargs))
+
+
+class StartConsumer:
+    def __init__(
+        self,
+        queue: StartQueue,
+        *,
+        capacity: Capacity,
+        acquire: Acquire,
+        retry_seconds: int,
+        rng: random.Random,
+    ) -> None:
+        self._queue = queue
+        self._capacity = capacity
+        self._acquire = acquire
+        self._retry_seconds = retry_seconds
+        self._rng = rng
+
+    async def run(self) -> None:
+        errors = backoff_delays(initial=1.0, maximum=30.0, rng=self._rng.random)
+        while True:
+            if self._capacity.free <= 0:
+                # A full worker does not receive at all, so valid starts never
+                # drift towards the DLQ while it waits.
+                await self._capacity.wait_for_free()
+                continue
+            try:
+                messages = await self._queue.receive(self._capacity.free)
+            except Exception as error:
+                log.warning("receive from the start queue failed", extra={"error": repr(error)})
+                await asyncio.sleep(next(errors))
+                continue
+            errors = backoff_delays(initial=1.0, maximum=30.0, rng=self._rng.random)
+            await asyncio.gather(*(self.handle(message) for message in messages))
+
+    async def handle(self, message: MessageTypeDef) -> AcquireResult | None:
+        """Act on one received message; returns the acquire result (None for poison)."""
+        receipt = message["ReceiptHandle"]
+        try:
+            start = parse_body(message.get("Body", ""))
+        except InvalidStartMessageError as error:
+            log.warning(
+                "poison message on the start queue left for the DLQ",
+                extra={
+                    "message_id": message.get("MessageId"),
+                    "receive_count": message.get("Attributes", {}).get("ApproximateReceiveCount"),
+                    "reason": str(error),
+                    "body": message.get("Body", "")[:200],
+                },
+            )
+            return None
+        try:
+            result = await self._acquire(start.connection_id)
+        except Exception as error:
+            log.warning(
+                "acquire failed; the message will come back",
+                extra={"connection_id": start.connection_id, "error": repr(error)},
+            )
+            await self._settle(self._queue.retry_later(receipt, self._retry_seconds))
+            return None
+        log.info(
+            "start message",
+            extra={
+                "connection_id": start.connection_id,
+                "kind": start.type,
+                "result": result.value,
+                "reassign": start.type == REASSIGN,
+            },
+        )
+        if result.settled:
+            await self._settle(self._queue.delete(receipt))
+        else:
+            await self._settle(self._queue.retry_later(receipt, 0))
+        return result
+
+    async def _settle(self, call: Awaitable[None]) -> None:
+        try:
+            await call
+        except Exception as error:
+            # Harmless: the message comes back as a hint and is settled again.
+            log.warning("could not settle a start message", extra={"error": repr(error)})

@@ -1,0 +1,36 @@
+"""Metric names, namespace and dimensions published by the worker (DESIGN section 6).
+
+The stacks build the scaling policy, dashboard and alarms from these constants.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+DEFAULT_NAMESPACE: Final = "WebSocketFleet"
+DEFAULT_SERVICE_NAME: Final = "websocket-fleet"
+SERVICE_DIMENSION: Final = "Service"
+TASK_DIMENSION: Final = "TaskId"
+
+ACTIVE_CONNECTIONS: Final = "ActiveConnections"
+LEASES_ACQUIRED: Final = "LeasesAcquired"
+LEASES_LOST: Final = "LeasesLost"
+LEASES_RELEASED: Final = "LeasesReleased"
+RENEW_FAILURES: Final = "RenewFailures"
+ORPHANS_FOUND: Final = "OrphansFound"
+TAKEOVER_LATENCY_MS: Final = "TakeoverLatencyMs"
+MESSAGES_PROCESSED: Final = "MessagesProcessed"
+UPSTREAM_RECONNECTS: Final = "UpstreamReconnects"
+HANDLER_ERRORS: Final = "HandlerErrors"
+
+COUNTERS: Final = (
+    LEASES_ACQUIRED,
+    LEASES_LOST,
+    LEASES_RELEASED,
+    RENEW_FAILURES,
+    ORPHANS_FOUND,
+    MESSAGES_PROCESSED,
+    UPSTREAM_RECONNECTS,
+    HANDLER_ERRORS,
+)
+"""Published every period, zeros included."""
