@@ -99,6 +99,7 @@ def start_update(
         sets.append("#meta = :meta")
     if url_changed:
         condition = "#state = :stopped AND #url <> :url"
+        del names["#pk"]
     else:
         condition = "attribute_not_exists(#pk) OR (#state = :stopped AND #url = :url)"
     return {

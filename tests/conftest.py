@@ -1,0 +1,78 @@
+"""Shared fixtures: real DynamoDB Local and moto servers on free loopback ports,
+started once per test session; a fresh table and queue per test."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.config import Config
+
+from local_stack import services
+from local_stack.resources import Queues, create_connection_table, create_start_queue
+
+LOCAL_CREDENTIALS = {
+    "region_name": "us-east-1",
+    "aws_access_key_id": "local",
+    "aws_secret_access_key": "local",
+}
+
+
+@pytest.fixture(scope="session")
+def service_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("service-logs")
+
+
+@pytest.fixture(scope="session")
+def dynamodb_endpoint(service_log_dir: Path) -> Iterator[str]:
+    port = services.free_port()
+    process = services.start_dynamodb_local(port, service_log_dir)
+    yield services.endpoint_url(port)
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint(service_log_dir: Path) -> Iterator[str]:
+    port = services.free_port()
+    process = services.start_moto_server(port, service_log_dir)
+    yield services.endpoint_url(port)
+    process.stop()
+
+
+@pytest.fixture
+def ddb(dynamodb_endpoint: str):
+    client = boto3.client(
+        "dynamodb",
+        endpoint_url=dynamodb_endpoint,
+        config=Config(max_pool_connections=32, retries={"mode": "standard"}),
+        **LOCAL_CREDENTIALS,
+    )
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def sqs(moto_endpoint: str):
+    client = boto3.client("sqs", endpoint_url=moto_endpoint, **LOCAL_CREDENTIALS)
+    yield client
+    client.close()
+
+
+def unique_name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def table(ddb) -> Iterator[str]:
+    name = unique_name("connections")
+    create_connection_table(ddb, name)
+    yield name
+    ddb.delete_table(TableName=name)
+
+
+@pytest.fixture
+def queues(sqs) -> Queues:
+    return create_start_queue(sqs, unique_name("starts"), max_receive_count=2, visibility_timeout=2)

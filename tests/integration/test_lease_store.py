@@ -1,0 +1,229 @@
+"""The lease store against DynamoDB Local (moto is not atomic for racing conditional
+writes, so the lease protocol is only ever tested here)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from wsfleet import schema
+from wsfleet.desired_state import DesiredStateStore, StartOutcome, StopOutcome
+from wsfleet.lease_rules import AcquireRefusal, Lease, RenewRefusal
+from wsfleet.lease_store import LeaseStore, Renewed
+from wsfleet.timing import LeaseTiming
+
+pytestmark = pytest.mark.timeout(120)
+
+TIMING = LeaseTiming.from_lease(20)  # lease 20 000 ms, skew 1 000 ms
+T0 = 1_800_000_000_000
+URL = "wss://feed.example/a"
+
+
+@pytest.fixture
+def store(ddb, table) -> LeaseStore:
+    return LeaseStore(ddb, table, TIMING)
+
+
+@pytest.fixture
+def control(ddb, table) -> DesiredStateStore:
+    return DesiredStateStore(ddb, table)
+
+
+def won(result) -> Lease:
+    assert isinstance(result, Lease), result
+    return result
+
+
+def test_sixteen_racing_acquirers_have_exactly_one_winner_every_round(store, control, ddb, table):
+    racers = 16
+    rounds = 100
+    control.start("race", URL, T0)
+    barrier = threading.Barrier(racers)
+    winners_per_round: list[int] = []
+    holder: Lease | None = None
+    with ThreadPoolExecutor(racers) as pool:
+        for round_no in range(rounds):
+            now = T0 + round_no * 100_000  # every previous lease has lapsed by now
+            if holder is not None and round_no % 2:
+                # Alternate a released lease and a lapsed one as the starting point.
+                assert store.release(holder, 0, now)
+
+            def race(i: int, now: int = now) -> object:
+                barrier.wait(timeout=30)
+                return store.acquire("race", f"racer-{i}", now)
+
+            results = list(pool.map(race, range(racers)))
+            leases = [r for r in results if isinstance(r, Lease)]
+            winners_per_round.append(len(leases))
+            assert all(r is AcquireRefusal.HELD for r in results if not isinstance(r, Lease))
+            holder = leases[0] if leases else None
+    assert winners_per_round == [1] * rounds
+    final = store.get("race")
+    assert final is not None
+    assert final.lease_epoch == rounds  # +1 per successful acquisition, never more
+
+
+def test_acquire_returns_what_the_worker_needs(store, control):
+    control.start("c", URL, T0)
+    lease = won(store.acquire("c", "w1", T0))
+    assert (lease.epoch, lease.last_seq, lease.start_gen, lease.ws_url) == (1, 0, 1, URL)
+    assert lease.expires_at_ms == T0 + 20_000
+    assert lease.takeover_latency_ms is None
+    item = store.get("c")
+    assert item is not None
+    assert (item.lease_owner, item.lease_expires_at_ms, item.lease_epoch) == ("w1", T0 + 20_000, 1)
+
+
+@pytest.mark.parametrize(
+    ("offset_ms", "expected_winner"),
+    [
+        (20_000, False),  # exactly at expiry
+        (21_000, False),  # at expiry + skew: cutoff == expiry, not <
+        (21_001, True),  # one ms later
+    ],
+)
+def test_takeover_boundaries(store, control, offset_ms, expected_winner):
+    control.start("c", URL, T0)
+    won(store.acquire("c", "w1", T0))
+    result = store.acquire("c", "w2", T0 + offset_ms)
+    if expected_winner:
+        lease = won(result)
+        assert lease.epoch == 2
+        assert lease.takeover_latency_ms == offset_ms - 20_000
+    else:
+        assert result is AcquireRefusal.HELD
+
+
+def test_renew_after_loss_fails_as_lost(store, control):
+    control.start("c", URL, T0)
+    old = won(store.acquire("c", "w1", T0))
+    won(store.acquire("c", "w2", T0 + 21_001))
+    assert store.renew(old, 5, T0 + 21_500) is RenewRefusal.LOST
+    item = store.get("c")
+    assert item is not None
+    assert (item.lease_owner, item.last_seq) == ("w2", 0)  # the loser wrote nothing
+
+
+def test_renew_retried_after_success_still_succeeds(store, control):
+    control.start("c", URL, T0)
+    lease = won(store.acquire("c", "w1", T0))
+    assert store.renew(lease, 3, T0 + 5_000) == Renewed(T0 + 25_000)
+    assert store.renew(lease, 3, T0 + 5_000) == Renewed(T0 + 25_000)
+    item = store.get("c")
+    assert item is not None
+    assert (item.lease_expires_at_ms, item.last_seq) == (T0 + 25_000, 3)
+
+
+def test_late_renew_cannot_move_the_expiry_backwards(store, control):
+    control.start("c", URL, T0)
+    lease = won(store.acquire("c", "w1", T0))
+    assert isinstance(store.renew(lease, 9, T0 + 10_000), Renewed)
+    assert store.renew(lease, 4, T0 + 5_000) is RenewRefusal.SUPERSEDED
+    item = store.get("c")
+    assert item is not None
+    assert (item.lease_expires_at_ms, item.last_seq) == (T0 + 30_000, 9)
+
+
+def test_release_then_acquire_by_another_resumes_from_the_checkpoint(store, control):
+    control.start("c", URL, T0)
+    lease = won(store.acquire("c", "w1", T0))
+    assert store.release(lease, 77, T0 + 1_000)
+    released = store.get("c")
+    assert released is not None
+    assert (released.lease_owner, released.lease_expires_at_ms) == (None, 0)
+    taken = won(store.acquire("c", "w2", T0 + 1_001))
+    assert (taken.epoch, taken.last_seq) == (2, 77)
+    assert taken.takeover_latency_ms is None  # a handoff, not a takeover
+    assert not store.release(lease, 80, T0 + 2_000)  # the old holder has nothing left
+
+
+def test_acquire_of_stopped_or_unknown_fails(store, control):
+    control.start("c", URL, T0)
+    assert control.stop("c", T0 + 1) is StopOutcome.STOPPED
+    assert store.acquire("c", "w1", T0 + 2) is AcquireRefusal.STOPPED
+    assert store.acquire("nope", "w1", T0 + 2) is AcquireRefusal.UNKNOWN_ID
+    assert control.stop("nope", T0) is StopOutcome.NOT_FOUND
+
+
+def test_acquire_retried_after_success_adopts_the_lease(store, control):
+    control.start("c", URL, T0)
+    first = won(store.acquire("c", "w1", T0))
+    # What an SDK retry sees when its first attempt had in fact landed:
+    adopted = won(store.acquire("c", "w1", T0))
+    assert adopted.epoch == first.epoch == 1
+    assert isinstance(store.renew(adopted, 1, T0 + 5_000), Renewed)
+
+
+def test_renew_sees_stop_and_restart(store, control):
+    control.start("c", URL, T0)
+    lease = won(store.acquire("c", "w1", T0))
+    control.stop("c", T0 + 1_000)
+    assert store.renew(lease, 2, T0 + 5_000) is RenewRefusal.STOPPED
+    assert control.start("c", URL, T0 + 6_000).outcome is StartOutcome.RESTARTED
+    assert store.renew(lease, 2, T0 + 7_000) is RenewRefusal.RESTARTED
+
+
+def test_release_after_restart_with_new_url_keeps_the_reset_checkpoint(store, control):
+    control.start("c", URL, T0)
+    lease = won(store.acquire("c", "w1", T0))
+    assert isinstance(store.renew(lease, 50, T0 + 1_000), Renewed)
+    control.stop("c", T0 + 2_000)
+    restarted = control.start("c", "wss://feed.example/b", T0 + 3_000)
+    assert restarted.outcome is StartOutcome.RESTARTED
+    assert store.release(lease, 60, T0 + 4_000)  # released, without the stale checkpoint
+    item = store.get("c")
+    assert item is not None
+    assert (item.last_seq, item.ws_url, item.start_gen, item.lease_owner) == (
+        0,
+        "wss://feed.example/b",
+        2,
+        None,
+    )
+    again = won(store.acquire("c", "w2", T0 + 4_001))
+    assert (again.ws_url, again.last_seq, again.start_gen) == ("wss://feed.example/b", 0, 2)
+
+
+def test_restart_with_the_same_url_keeps_the_checkpoint(store, control):
+    control.start("c", URL, T0)
+    lease = won(store.acquire("c", "w1", T0))
+    assert store.release(lease, 12, T0 + 1)
+    control.stop("c", T0 + 2)
+    item = store.get("c")
+    assert item is not None and item.expires_at is not None
+    assert control.start("c", URL, T0 + 3).outcome is StartOutcome.RESTARTED
+    item = store.get("c")
+    assert item is not None
+    assert (item.last_seq, item.start_gen, item.expires_at, item.desired_state) == (
+        12,
+        2,
+        None,
+        schema.STARTED,
+    )
+
+
+def test_start_outcomes_are_decided_by_conditional_writes(control, store):
+    assert control.start("c", URL, T0).outcome is StartOutcome.CREATED
+    assert control.start("c", URL, T0 + 1).outcome is StartOutcome.ALREADY_STARTED
+    assert control.start("c", URL + "x", T0 + 2).outcome is StartOutcome.CONFLICT
+    item = store.get("c")
+    assert item is not None
+    assert (item.ws_url, item.start_gen, item.lease_expires_at_ms, item.lease_epoch) == (
+        URL,
+        1,
+        0,
+        0,
+    )
+
+
+def test_orphan_query_finds_free_and_lapsed_but_not_live_or_stopped(store, control):
+    for cid in ("never", "lapsed", "live", "released", "stopped"):
+        control.start(cid, URL, T0)
+    won(store.acquire("lapsed", "w1", T0 - 30_000))
+    won(store.acquire("live", "w1", T0))
+    assert store.release(won(store.acquire("released", "w1", T0)), 0, T0)
+    control.stop("stopped", T0)
+    orphans = set(store.find_orphans(T0 + 1, limit=100))
+    assert orphans == {"never", "lapsed", "released"}
+    assert len(store.find_orphans(T0 + 1, limit=2)) == 2

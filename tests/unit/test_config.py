@@ -1,0 +1,74 @@
+from pathlib import Path
+
+import pytest
+
+from worker.config import ConfigError, WorkerConfig
+
+BASE = {"TABLE_NAME": "connections", "QUEUE_URL": "http://q/1/starts"}
+
+
+def test_defaults():
+    config = WorkerConfig.from_env(BASE)
+    assert config.timing.lease == 20
+    assert config.timing.heartbeat == 5
+    assert config.timing.reconcile == 5
+    assert config.timing.skew == 1
+    assert config.max_connections == 500
+    assert config.reassign_on_release is True
+    assert config.upstream_protocol == "json-seq"
+    assert config.handler_errors == "retry"
+    assert config.metrics_namespace == "WebSocketFleet"
+    assert config.service_name == "websocket-fleet"
+    assert config.handler is None
+    assert config.ping_interval == 5
+
+
+def test_worker_ids_are_unique_per_process_by_default():
+    assert WorkerConfig.from_env(BASE).worker_id != WorkerConfig.from_env(BASE).worker_id
+
+
+def test_overrides():
+    env = BASE | {
+        "WORKER_ID": "w-1",
+        "LEASE_SECONDS": "2",
+        "HEARTBEAT_SECONDS": "0.4",
+        "RECONCILE_SECONDS": "0.5",
+        "MAX_SKEW_SECONDS": "0.1",
+        "MAX_CONNECTIONS": "3",
+        "REASSIGN_ON_RELEASE": "false",
+        "HANDLER_ERRORS": "skip",
+        "HANDLER": "pkg.mod:make",
+        "METRICS_NAMESPACE": "Ns",
+        "SERVICE_NAME": "svc",
+        "HEALTH_FILE": "/tmp/h",
+    }
+    config = WorkerConfig.from_env(env)
+    assert config.worker_id == "w-1"
+    assert (config.timing.lease, config.timing.heartbeat) == (2, 0.4)
+    assert (config.timing.reconcile, config.timing.skew) == (0.5, 0.1)
+    assert config.max_connections == 3
+    assert config.reassign_on_release is False
+    assert config.handler_errors == "skip"
+    assert config.handler == "pkg.mod:make"
+    assert (config.metrics_namespace, config.service_name) == ("Ns", "svc")
+    assert config.health_file == Path("/tmp/h")
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"QUEUE_URL": "q"}, "TABLE_NAME is required"),
+        ({"TABLE_NAME": "t"}, "QUEUE_URL is required"),
+        (BASE | {"LEASE_SECONDS": "abc"}, "LEASE_SECONDS must be a number"),
+        (BASE | {"LEASE_SECONDS": "-2"}, "LEASE_SECONDS must be > 0"),
+        (BASE | {"HEARTBEAT_SECONDS": "9"}, "two renew attempts"),
+        (BASE | {"MAX_CONNECTIONS": "0"}, "MAX_CONNECTIONS must be >= 1"),
+        (BASE | {"MAX_CONNECTIONS": "many"}, "MAX_CONNECTIONS must be an integer"),
+        (BASE | {"REASSIGN_ON_RELEASE": "maybe"}, "REASSIGN_ON_RELEASE must be true or false"),
+        (BASE | {"HANDLER_ERRORS": "ignore"}, "HANDLER_ERRORS must be"),
+        (BASE | {"SQS_WAIT_SECONDS": "21"}, "SQS_WAIT_SECONDS"),
+    ],
+)
+def test_bad_settings_fail_fast_naming_the_variable(env, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        WorkerConfig.from_env(env)

@@ -1,0 +1,225 @@
+"""The pure lease rules, as tables of inputs and expected decisions."""
+
+import pytest
+
+from wsfleet import schema
+from wsfleet.item import ConnectionItem
+from wsfleet.lease_rules import (
+    AcquireRefusal,
+    Lease,
+    ReleaseOutcome,
+    RenewRefusal,
+    acquire_failure,
+    acquire_update,
+    fence_deadline,
+    is_orphan,
+    lease_won,
+    may_handle,
+    orphan_cutoff_ms,
+    release_failure,
+    release_update,
+    renew_failure,
+    renew_update,
+)
+from wsfleet.timing import LeaseTiming
+
+TIMING = LeaseTiming.from_lease(20)  # skew 1 s, margin 2 s
+ME = "worker-a"
+NOW = 1_000_000
+
+
+def item(**fields) -> ConnectionItem:
+    base = {
+        "connection_id": "c1",
+        "desired_state": schema.STARTED,
+        "ws_url": "wss://feed.example/c1",
+        "lease_owner": None,
+        "lease_expires_at_ms": 0,
+        "lease_epoch": 0,
+        "last_seq": 0,
+        "start_gen": 1,
+    }
+    return ConnectionItem(**(base | fields))
+
+
+def lease(**fields) -> Lease:
+    base = {
+        "connection_id": "c1",
+        "owner": ME,
+        "epoch": 3,
+        "start_gen": 1,
+        "ws_url": "wss://feed.example/c1",
+        "last_seq": 10,
+        "expires_at_ms": NOW + 20_000,
+    }
+    return Lease(**(base | fields))
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({}, True),  # never taken: expiry 0
+        ({"lease_owner": "w", "lease_expires_at_ms": NOW}, False),  # exactly at expiry
+        ({"lease_owner": "w", "lease_expires_at_ms": NOW - 1000}, False),  # at the skew margin
+        ({"lease_owner": "w", "lease_expires_at_ms": NOW - 1001}, True),  # 1 ms past it
+        ({"lease_owner": "w", "lease_expires_at_ms": NOW + 5000}, False),  # live
+        ({"lease_owner": None, "lease_expires_at_ms": NOW + 5000}, True),  # released
+        ({"desired_state": schema.STOPPED}, False),
+        ({"desired_state": schema.STOPPED, "lease_owner": "w"}, False),
+    ],
+)
+def test_is_orphan_boundaries(fields, expected):
+    assert is_orphan(item(**fields), NOW, TIMING) is expected
+
+
+def test_orphan_cutoff_is_now_minus_skew():
+    assert orphan_cutoff_ms(NOW, TIMING) == NOW - 1000
+
+
+def test_acquire_update_carries_expiry_and_cutoff():
+    update = acquire_update(ME, NOW, TIMING)
+    values = update.values
+    assert values[":expiry"] == {"N": str(NOW + 20_000)}
+    assert values[":cutoff"] == {"N": str(NOW - 1000)}
+    assert values[":me"] == {"S": ME}
+    assert "ADD #epoch :one" in update.update_expression
+    assert "#expiry < :cutoff" in update.condition_expression
+    assert set(update.names.values()) >= {"desired_state", "lease_owner", "lease_epoch"}
+
+
+@pytest.mark.parametrize(
+    ("old", "expected_epoch", "expected_latency"),
+    [
+        (item(), 1, None),  # first start
+        (item(lease_epoch=4, lease_expires_at_ms=0), 5, None),  # released: not a takeover
+        (item(lease_owner="w", lease_epoch=4, lease_expires_at_ms=NOW - 3000), 5, 3000),
+        (item(lease_owner="w", lease_epoch=9, lease_expires_at_ms=NOW + 10), 10, 0),  # clamp
+    ],
+)
+def test_lease_won_from_old_item(old, expected_epoch, expected_latency):
+    won = lease_won(old, ME, NOW, TIMING)
+    assert won.epoch == expected_epoch
+    assert won.takeover_latency_ms == expected_latency
+    assert won.expires_at_ms == NOW + 20_000
+    assert (won.ws_url, won.last_seq, won.start_gen) == (old.ws_url, old.last_seq, old.start_gen)
+
+
+@pytest.mark.parametrize(
+    ("old", "expected"),
+    [
+        (None, AcquireRefusal.UNKNOWN_ID),
+        (item(lease_owner="other", lease_expires_at_ms=NOW + 1), AcquireRefusal.HELD),
+        (item(desired_state=schema.STOPPED), AcquireRefusal.STOPPED),
+        (item(desired_state=schema.STOPPED, lease_owner="other"), AcquireRefusal.STOPPED),
+    ],
+)
+def test_acquire_refusals(old, expected):
+    assert acquire_failure(old, ME) is expected
+
+
+def test_acquire_failure_adopts_own_lease_after_a_retried_success():
+    old = item(lease_owner=ME, lease_epoch=7, lease_expires_at_ms=NOW + 20_000, last_seq=42)
+    adopted = acquire_failure(old, ME)
+    assert isinstance(adopted, Lease)
+    assert (adopted.epoch, adopted.last_seq, adopted.expires_at_ms) == (7, 42, NOW + 20_000)
+    assert adopted.takeover_latency_ms is None
+
+
+@pytest.mark.parametrize(
+    ("old", "expected"),
+    [
+        (None, RenewRefusal.GONE),
+        (item(lease_owner="other", lease_epoch=4), RenewRefusal.LOST),
+        (item(lease_owner=ME, lease_epoch=4), RenewRefusal.LOST),  # our id, newer epoch
+        (item(lease_owner=None, lease_epoch=3), RenewRefusal.LOST),  # released meanwhile
+        # lost wins over stopped: another holder may already be running it
+        (item(lease_owner="other", lease_epoch=4, desired_state=schema.STOPPED), RenewRefusal.LOST),
+        (item(lease_owner=ME, lease_epoch=3, desired_state=schema.STOPPED), RenewRefusal.STOPPED),
+        (item(lease_owner=ME, lease_epoch=3, start_gen=2), RenewRefusal.RESTARTED),
+        (
+            item(lease_owner=ME, lease_epoch=3, start_gen=2, desired_state=schema.STOPPED),
+            RenewRefusal.STOPPED,
+        ),
+        (
+            item(lease_owner=ME, lease_epoch=3, lease_expires_at_ms=NOW + 25_000),
+            RenewRefusal.SUPERSEDED,
+        ),
+    ],
+)
+def test_renew_refusals(old, expected):
+    assert renew_failure(old, lease()) is expected
+
+
+@pytest.mark.parametrize(
+    ("refusal", "keeps", "graceful"),
+    [
+        (RenewRefusal.LOST, False, False),
+        (RenewRefusal.GONE, False, False),
+        (RenewRefusal.STOPPED, False, True),
+        (RenewRefusal.RESTARTED, False, True),
+        (RenewRefusal.SUPERSEDED, True, False),
+    ],
+)
+def test_renew_refusal_consequences(refusal, keeps, graceful):
+    assert refusal.keeps_lease is keeps
+    assert refusal.graceful is graceful
+
+
+def test_renew_update_checkpoints_in_the_same_write():
+    update = renew_update(lease(), 57, NOW, TIMING)
+    assert update.values[":seq"] == {"N": "57"}
+    assert update.values[":expiry"] == {"N": str(NOW + 20_000)}
+    assert "#expiry <= :expiry" in update.condition_expression
+    for clause in ("#owner = :me", "#epoch = :epoch", "#gen = :gen", "#state = :started"):
+        assert clause in update.condition_expression
+
+
+def test_release_with_checkpoint_requires_the_same_generation():
+    with_seq = release_update(lease(), 99, NOW)
+    assert "#gen = :gen" in with_seq.condition_expression
+    assert with_seq.values[":seq"] == {"N": "99"}
+    without = release_update(lease(), None, NOW)
+    assert ":seq" not in without.values
+    assert "#gen" not in without.condition_expression
+    assert "REMOVE #owner" in without.update_expression
+
+
+@pytest.mark.parametrize(
+    ("old", "expected"),
+    [
+        (None, ReleaseOutcome.NOT_HELD),
+        (item(lease_owner="other", lease_epoch=3), ReleaseOutcome.NOT_HELD),
+        (item(lease_owner=ME, lease_epoch=4), ReleaseOutcome.NOT_HELD),
+        (item(lease_owner=ME, lease_epoch=3, start_gen=2), ReleaseOutcome.RETRY_WITHOUT_CHECKPOINT),
+    ],
+)
+def test_release_failures(old, expected):
+    assert release_failure(old, lease()) is expected
+
+
+@pytest.mark.parametrize(
+    ("now", "allowed"),
+    [
+        (100.0, True),  # just renewed
+        (116.999, True),
+        (117.0, False),  # exactly at lease - skew - margin
+        (117.001, False),
+        (200.0, False),
+    ],
+)
+def test_fence_deadline_boundaries(now, allowed):
+    deadline = fence_deadline(100.0, TIMING)
+    assert deadline == pytest.approx(117.0)
+    assert may_handle(now, deadline) is allowed
+
+
+def test_fence_deadline_falls_before_any_takeover():
+    """With clocks within the skew, no other worker can pass the acquire condition
+    before the holder's fence deadline."""
+    for clock_offset_ms in (-1000, 0, 1000):
+        renew_sent_ms = NOW
+        expiry = renew_sent_ms + TIMING.lease_ms
+        # earliest takeover, on the holder's clock: the other's now - skew > expiry
+        takeover_on_holder_clock = expiry + TIMING.skew_ms + 1 - clock_offset_ms
+        fence_on_holder_clock = renew_sent_ms + TIMING.fence_after * 1000
+        assert fence_on_holder_clock < takeover_on_holder_clock

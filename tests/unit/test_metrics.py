@@ -1,0 +1,56 @@
+import io
+import json
+import time
+
+from worker.metrics import FleetMetrics
+from wsfleet import metric_names as m
+
+
+def make(active=lambda: 4):
+    out = io.StringIO()
+    metrics = FleetMetrics(
+        namespace="WebSocketFleet",
+        service="websocket-fleet",
+        task_id="task-1",
+        active_connections=active,
+        out=out,
+    )
+    return metrics, out
+
+
+def test_emf_line_has_exactly_the_scaling_dimensions(monkeypatch):
+    # Powertools would add a "service" dimension from this variable; it must not.
+    monkeypatch.setenv("POWERTOOLS_SERVICE_NAME", "sneaky")
+    metrics, out = make()
+    metrics.count(m.MESSAGES_PROCESSED, 7)
+    metrics.takeover_latency(1234)
+    now_ms = int(time.time() * 1000)
+    metrics.flush(timestamp_ms=now_ms)
+    doc = json.loads(out.getvalue())
+    directive = doc["_aws"]["CloudWatchMetrics"][0]
+    assert directive["Namespace"] == "WebSocketFleet"
+    assert directive["Dimensions"] == [["Service"], ["Service", "TaskId"]]
+    assert "service" not in doc
+    assert doc["Service"] == "websocket-fleet"
+    assert doc["TaskId"] == "task-1"
+    assert doc["_aws"]["Timestamp"] == now_ms
+    names = {d["Name"]: d["Unit"] for d in directive["Metrics"]}
+    assert names[m.ACTIVE_CONNECTIONS] == "Count"
+    assert names[m.TAKEOVER_LATENCY_MS] == "Milliseconds"
+    assert set(m.COUNTERS) <= set(names)
+    assert doc[m.ACTIVE_CONNECTIONS] == [4.0]
+    assert doc[m.MESSAGES_PROCESSED] == [7.0]
+    assert doc[m.TAKEOVER_LATENCY_MS] == [1234.0]
+
+
+def test_every_period_publishes_zeros_and_resets():
+    metrics, out = make(active=lambda: 0)
+    metrics.count(m.LEASES_LOST)
+    metrics.flush()
+    metrics.flush()
+    first, second = (json.loads(line) for line in out.getvalue().splitlines())
+    assert first[m.LEASES_LOST] == [1.0]
+    for name in m.COUNTERS:
+        assert second[name] == [0.0], name
+    assert second[m.ACTIVE_CONNECTIONS] == [0.0]
+    assert m.TAKEOVER_LATENCY_MS not in second  # only real takeovers are published
