@@ -55,7 +55,7 @@ class WorkerConfig:
     handler: str | None = None
     metrics_interval: float = 60.0
     health_file: Path = Path(DEFAULT_HEALTH_FILE)
-    sqs_wait_seconds: int = 20
+    sqs_wait_seconds: int = 10
     ping_interval: float = 5.0
     max_message_bytes: int = 1 << 20
     log_level: str = "INFO"
@@ -70,7 +70,7 @@ class WorkerConfig:
         max_connections = _int(env, MAX_CONNECTIONS, 500)
         if max_connections < 1:
             raise ConfigError(f"{MAX_CONNECTIONS} must be >= 1")
-        sqs_wait = _int(env, SQS_WAIT_SECONDS, 20)
+        sqs_wait = _int(env, SQS_WAIT_SECONDS, 10)
         if not 0 <= sqs_wait <= 20:
             raise ConfigError(f"{SQS_WAIT_SECONDS} must be 0..20 (SQS long-poll limit)")
         return cls(

@@ -227,6 +227,7 @@ class Worker:
         for task in loops:
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
+        drained = asyncio.create_task(self.consumer.drain(self.config.sqs_wait_seconds + 5.0))
         # Attempts in flight finish (a won lease gets a runner, stopped just below).
         await asyncio.gather(*self._acquiring.values(), return_exceptions=True)
         count = len(self._runners)
@@ -234,10 +235,15 @@ class Worker:
             runner.stop(Ending.SHUTDOWN)
         if self._owning:
             await asyncio.wait(set(self._owning), timeout=self.config.timing.lease)
+        handed_back = await drained
         self.metrics.flush(self._wall_ms())
         log.info(
             "worker stopped",
-            extra={"released": count, "seconds": round(time.monotonic() - started, 3)},
+            extra={
+                "connections": count,
+                "handed_back": handed_back,
+                "seconds": round(time.monotonic() - started, 3),
+            },
         )
 
     async def _stamp_health(self) -> None:

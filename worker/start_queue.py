@@ -86,6 +86,7 @@ class StartConsumer:
         self._acquire = acquire
         self._retry_seconds = retry_seconds
         self._rng = rng
+        self._poll: asyncio.Future[list[MessageTypeDef]] | None = None
 
     async def run(self) -> None:
         errors = backoff_delays(initial=1.0, maximum=30.0, rng=self._rng.random)
@@ -95,14 +96,34 @@ class StartConsumer:
                 # drift towards the DLQ while it waits.
                 await self._capacity.wait_for_free()
                 continue
+            # The poll runs shielded: if this loop is cancelled at shutdown, the poll
+            # still completes and :meth:`drain` hands back what it received.
+            self._poll = asyncio.ensure_future(self._queue.receive(self._capacity.free))
             try:
-                messages = await self._queue.receive(self._capacity.free)
+                messages = await asyncio.shield(self._poll)
             except Exception as error:
                 log.warning("receive from the start queue failed", extra={"error": repr(error)})
                 await asyncio.sleep(next(errors))
                 continue
             errors = backoff_delays(initial=1.0, maximum=30.0, rng=self._rng.random)
             await asyncio.gather(*(self.handle(message) for message in messages))
+
+    async def drain(self, within: float) -> int:
+        """After the loop was cancelled: wait for a poll still in flight and make what
+        it received visible again at once, for other workers. Without this, a
+        ``reassign`` sent by this very worker while it shuts down could be swallowed
+        by its own abandoned poll and stay invisible for the visibility timeout.
+        Returns how many messages were handed back."""
+        poll, self._poll = self._poll, None
+        if poll is None:
+            return 0
+        try:
+            messages = await asyncio.wait_for(asyncio.shield(poll), within)
+        except Exception:
+            return 0
+        for message in messages:
+            await self._settle(self._queue.retry_later(message["ReceiptHandle"], 0))
+        return len(messages)
 
     async def handle(self, message: MessageTypeDef) -> AcquireResult | None:
         """Act on one received message; returns the acquire result (None for poison)."""

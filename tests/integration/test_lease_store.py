@@ -191,7 +191,8 @@ def test_restart_with_the_same_url_keeps_the_checkpoint(store, control):
     assert store.release(lease, 12, T0 + 1)
     control.stop("c", T0 + 2)
     item = store.get("c")
-    assert item is not None and item.expires_at is not None
+    assert item is not None
+    assert item.expires_at is not None
     assert control.start("c", URL, T0 + 3).outcome is StartOutcome.RESTARTED
     item = store.get("c")
     assert item is not None

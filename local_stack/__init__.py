@@ -1,0 +1,1 @@
+"""The embedded local stack: a demo upstream feed and the local servers as child processes."""

@@ -1,0 +1,242 @@
+"""The demo feed served in-process on a loopback port, driven by a real WebSocket client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import Server
+from websockets.exceptions import ConnectionClosed, ConnectionClosedError, ConnectionClosedOK
+from websockets.frames import CloseCode
+from websockets.protocol import State
+
+from local_stack.feed import OVERSIZE_BYTES, feed_value, serve_feed
+
+# Long enough for a loaded CI machine, short enough that a hang fails fast.
+RECV_TIMEOUT_S = 5.0
+
+
+@dataclass
+class Feed:
+    server: Server
+    base_url: str
+
+    def url(self, path_and_query: str) -> str:
+        return self.base_url + path_and_query
+
+
+async def _start(default_rate: float) -> Feed:
+    server = await serve_feed("127.0.0.1", 0, default_rate=default_rate)
+    port = server.sockets[0].getsockname()[1]
+    return Feed(server=server, base_url=f"ws://127.0.0.1:{port}")
+
+
+async def _stop(feed: Feed) -> None:
+    feed.server.close()
+    await asyncio.wait_for(feed.server.wait_closed(), RECV_TIMEOUT_S)
+
+
+@pytest.fixture
+async def feed() -> AsyncIterator[Feed]:
+    # Default rate 0 keeps the tests fast; pacing is tested explicitly.
+    started = await _start(default_rate=0)
+    try:
+        yield started
+    finally:
+        await _stop(started)
+
+
+def _client(url: str, **kwargs: Any) -> connect:
+    # No keepalive pings: tests ping explicitly. A short close timeout keeps teardown
+    # quick when the server does not answer the closing handshake.
+    kwargs.setdefault("close_timeout", 0.5)
+    return connect(url, ping_interval=None, open_timeout=RECV_TIMEOUT_S, **kwargs)
+
+
+async def _recv(ws: ClientConnection) -> str:
+    frame = await asyncio.wait_for(ws.recv(), RECV_TIMEOUT_S)
+    assert isinstance(frame, str)
+    return frame
+
+
+async def _recv_json(ws: ClientConnection) -> dict[str, Any]:
+    decoded = json.loads(await _recv(ws))
+    assert isinstance(decoded, dict)
+    return decoded
+
+
+async def _recv_seqs(ws: ClientConnection, n: int) -> list[int]:
+    return [(await _recv_json(ws))["seq"] for _ in range(n)]
+
+
+async def _assert_silent(ws: ClientConnection, seconds: float) -> None:
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(ws.recv(), seconds)
+
+
+async def test_resume_from_seq_replays_the_same_messages(feed: Feed) -> None:
+    async with _client(feed.url("/feed-a?count=8")) as ws:
+        full = [await _recv_json(ws) for _ in range(8)]
+    async with _client(feed.url("/feed-a?from_seq=5&count=8")) as ws:
+        resumed = [await _recv_json(ws) for _ in range(4)]
+
+    assert [m["seq"] for m in full] == list(range(1, 9))
+    assert [m["seq"] for m in resumed] == [5, 6, 7, 8]
+    assert [m["value"] for m in resumed] == [m["value"] for m in full[4:]]
+    assert [m["value"] for m in resumed] == [feed_value("feed-a", s) for s in range(5, 9)]
+    assert {m["feed"] for m in full + resumed} == {"feed-a"}
+    now_ms = time.time() * 1000
+    assert all(abs(m["sent_at_ms"] - now_ms) < 60_000 for m in resumed)
+
+
+async def test_count_stops_after_that_seq_and_keeps_the_connection_open(feed: Feed) -> None:
+    async with _client(feed.url("/feed-a?from_seq=3&count=5")) as ws:
+        assert await _recv_seqs(ws, 3) == [3, 4, 5]
+        await _assert_silent(ws, 0.5)
+        # Idle, yet alive: pings are answered.
+        latency = await asyncio.wait_for(await ws.ping(), RECV_TIMEOUT_S)
+        assert latency >= 0
+        assert ws.state is State.OPEN
+
+
+async def test_drop_after_aborts_without_a_close_frame(feed: Feed) -> None:
+    async with _client(feed.url("/feed-a?drop_after=3")) as ws:
+        assert await _recv_seqs(ws, 3) == [1, 2, 3]
+        with pytest.raises(ConnectionClosedError) as closed:
+            await _recv(ws)
+    assert closed.value.rcvd is None
+
+
+async def test_close_after_closes_normally(feed: Feed) -> None:
+    async with _client(feed.url("/feed-a?close_after=2")) as ws:
+        assert await _recv_seqs(ws, 2) == [1, 2]
+        with pytest.raises(ConnectionClosedOK) as closed:
+            await _recv(ws)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == CloseCode.NORMAL_CLOSURE
+
+
+async def test_garbage_after_sends_one_non_json_frame_then_continues(feed: Feed) -> None:
+    async with _client(feed.url("/feed-a?garbage_after=2&count=5")) as ws:
+        frames = [await _recv(ws) for _ in range(6)]
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(frames[2])
+    assert [json.loads(f)["seq"] for i, f in enumerate(frames) if i != 2] == [1, 2, 3, 4, 5]
+
+
+async def test_oversize_after_trips_a_client_limit_of_one_mib(feed: Feed) -> None:
+    async with _client(feed.url("/feed-a?oversize_after=1"), max_size=2**20) as ws:
+        assert await _recv_seqs(ws, 1) == [1]
+        with pytest.raises(ConnectionClosedError) as closed:
+            await _recv(ws)
+    assert closed.value.sent is not None
+    assert closed.value.sent.code == CloseCode.MESSAGE_TOO_BIG
+
+
+async def test_oversize_frame_is_followed_by_the_next_seq(feed: Feed) -> None:
+    async with _client(feed.url("/feed-a?oversize_after=1&count=2"), max_size=4 * 2**20) as ws:
+        first, big, second = await _recv(ws), await _recv(ws), await _recv(ws)
+    assert json.loads(first)["seq"] == 1
+    assert len(big.encode()) == OVERSIZE_BYTES
+    assert json.loads(second)["seq"] == 2
+
+
+async def test_gap_after_skips_exactly_one_seq(feed: Feed) -> None:
+    async with _client(feed.url("/feed-a?gap_after=2&count=6")) as ws:
+        assert await _recv_seqs(ws, 5) == [1, 2, 4, 5, 6]
+        await _assert_silent(ws, 0.3)
+
+
+async def test_mute_after_stops_answering_pings_and_sending(feed: Feed) -> None:
+    async with _client(feed.url("/feed-a?mute_after=3")) as ws:
+        assert await _recv_seqs(ws, 3) == [1, 2, 3]
+        pong = await ws.ping()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(pong, 1.0)
+        await _assert_silent(ws, 0.2)
+        assert ws.state is State.OPEN  # the TCP connection itself stays up
+
+    # Once the client has gone, the server notices and lets the connection go.
+    deadline = time.monotonic() + RECV_TIMEOUT_S
+    while feed.server.connections:
+        assert time.monotonic() < deadline, "muted connection outlived its client"
+        await asyncio.sleep(0.05)
+
+
+async def test_shutdown_is_not_held_up_by_a_muted_connection() -> None:
+    started = await _start(default_rate=0)
+    try:
+        async with _client(started.url("/feed-a?mute_after=0")) as ws:
+            await _assert_silent(ws, 0.3)
+            began = time.monotonic()
+            await _stop(started)
+            assert time.monotonic() - began < 2.0
+            # The server's going-away frame still goes out; only reading is muted.
+            with pytest.raises(ConnectionClosed):
+                await _recv(ws)
+    finally:
+        await _stop(started)
+
+
+async def test_pings_are_answered_while_streaming(feed: Feed) -> None:
+    async with _client(feed.url("/feed-a?rate=20")) as ws:
+        await _recv_seqs(ws, 1)
+        latency = await asyncio.wait_for(await ws.ping(), RECV_TIMEOUT_S)
+        assert latency < RECV_TIMEOUT_S
+
+
+@pytest.mark.parametrize(
+    ("query", "complaint"),
+    [
+        ("?from_seq=0", "from_seq"),
+        ("?rate=-2", "rate"),
+        ("?drop_afer=1", "drop_afer"),
+        ("?count=x", "count"),
+    ],
+)
+async def test_invalid_parameters_close_with_1008(feed: Feed, query: str, complaint: str) -> None:
+    async with _client(feed.url("/feed-a" + query)) as ws:
+        with pytest.raises(ConnectionClosedError) as closed:
+            await _recv(ws)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == CloseCode.POLICY_VIOLATION
+    assert complaint in closed.value.rcvd.reason
+
+    # The server is unharmed.
+    async with _client(feed.url("/feed-a?count=1")) as ws:
+        assert await _recv_seqs(ws, 1) == [1]
+
+
+@pytest.mark.parametrize(("default_rate", "query"), [(0.0, "&rate=50"), (50.0, "")])
+async def test_pacing_at_50_per_second(default_rate: float, query: str) -> None:
+    started = await _start(default_rate=default_rate)
+    try:
+        began = time.monotonic()
+        async with _client(started.url("/feed-a?count=20" + query)) as ws:
+            messages = [await _recv_json(ws) for _ in range(20)]
+        elapsed = time.monotonic() - began
+    finally:
+        await _stop(started)
+    assert [m["seq"] for m in messages] == list(range(1, 21))
+    # Seq 20 is due 19/50 = 0.38 s after the first; loose bounds for a busy machine.
+    assert 0.3 <= elapsed < 3.0
+    assert messages[-1]["sent_at_ms"] - messages[0]["sent_at_ms"] >= 300
+
+
+async def test_pacing_catches_up_after_a_stall_instead_of_drifting(feed: Feed) -> None:
+    async with _client(feed.url("/feed-a?rate=10&count=10")) as ws:
+        began = time.monotonic()
+        await _recv_seqs(ws, 1)
+        # Freeze the event loop, and with it the in-process server, for 0.6 s: a feed
+        # that schedules seq i at start + i/rate sends the overdue messages at once and
+        # still finishes at about 0.9 s; one that sleeps 1/rate per message ends ~0.5 s later.
+        time.sleep(0.6)  # noqa: ASYNC251 - the stall is the point of this test
+        assert await _recv_seqs(ws, 9) == list(range(2, 11))
+        elapsed = time.monotonic() - began
+    assert 0.8 <= elapsed < 1.25

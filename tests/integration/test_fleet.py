@@ -1,0 +1,299 @@
+"""Real worker processes (lease 2 s: heartbeat 0.5 s, reconcile 0.5 s, skew 0.1 s)
+against DynamoDB Local, moto SQS and the demo feed on loopback, with a recording
+handler. Bounds are DESIGN's promises; deadlines are about twice them."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from local_stack import services
+from local_stack.audit import duplicate_count, lost_seqs, stale_deliveries
+from tests.support.fleet import TIMING, Fleet, WorkerProcess, wait_until
+
+pytestmark = [pytest.mark.fleet, pytest.mark.timeout(180)]
+
+CRASH_BOUND = TIMING.crash_failover_bound()  # 2 + 0.1 + 0.6 + 1 = 3.7 s
+HANDOFF_BOUND = 1.0
+STOP_BOUND = TIMING.heartbeat + 1.0
+
+
+@pytest.fixture(scope="module")
+def feed_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = services.free_port()
+    process = services.start_feed(port, tmp_path_factory.mktemp("feed"), rate=20.0)
+    yield f"ws://127.0.0.1:{port}"
+    process.stop()
+
+
+@pytest.fixture
+def fleet(ddb, sqs, table, queues, feed_url, dynamodb_endpoint, moto_endpoint, tmp_path):
+    fleet = Fleet(
+        ddb=ddb,
+        sqs=sqs,
+        table=table,
+        queue_url=queues.queue_url,
+        dlq_url=queues.dlq_url,
+        feed_url=feed_url,
+        endpoints={"dynamodb": dynamodb_endpoint, "sqs": moto_endpoint},
+        work_dir=tmp_path,
+    )
+    yield fleet
+    fleet.stop_all()
+
+
+def start_fleet(fleet: Fleet, workers: int, connections: int, prefix: str):
+    procs = [fleet.start_worker("w") for _ in range(workers)]
+    ids = [f"{prefix}-{i}" for i in range(connections)]
+    for cid in ids:
+        fleet.start_connection(cid)
+    fleet.wait_handling(ids, 15)
+    return procs, ids
+
+
+def busiest(fleet: Fleet, procs: list[WorkerProcess], ids: list[str]):
+    owners = fleet.owners(ids)
+    victim = max(procs, key=lambda p: sum(1 for o in owners.values() if o == p.worker_id))
+    theirs = [cid for cid, owner in owners.items() if owner == victim.worker_id]
+    assert theirs, owners
+    return victim, theirs
+
+
+def assert_clean_audit(fleet: Fleet) -> None:
+    records = fleet.records()
+    assert records
+    assert stale_deliveries(records) == []
+    assert lost_seqs(records) == {}
+
+
+def keep_flowing(fleet: Fleet, ids: list[str], more: int = 10) -> None:
+    """Wait until every connection has moved ``more`` seqs past where it is now."""
+    targets = {cid: fleet.highest_seq(cid) + more for cid in ids}
+    wait_until(
+        lambda: all(fleet.highest_seq(cid) >= target for cid, target in targets.items()),
+        15,
+        "deliveries to continue",
+    )
+
+
+def handled_elsewhere_at(fleet: Fleet, cid: str, victim: str, after: float) -> float | None:
+    times = [
+        r.t
+        for r in fleet.records()
+        if r.connection_id == cid and r.worker != victim and r.t > after
+    ]
+    return min(times) if times else None
+
+
+def test_sigkill_fails_over_within_the_crash_bound(fleet):
+    procs, ids = start_fleet(fleet, 3, 6, "kill")
+    victim, theirs = busiest(fleet, procs, ids)
+    killed_at = time.time()
+    victim.signal(signal.SIGKILL)
+    victim.popen.wait(timeout=10)
+
+    def all_taken_over():
+        times = [handled_elsewhere_at(fleet, cid, victim.worker_id, killed_at) for cid in theirs]
+        return times if all(t is not None for t in times) else None
+
+    times = wait_until(all_taken_over, 2 * CRASH_BOUND, "takeover of the crashed worker's work")
+    failover = max(times) - killed_at
+    print(f"crash failover: {failover:.2f} s (bound {CRASH_BOUND:.2f} s)")
+    keep_flowing(fleet, ids)
+    assert_clean_audit(fleet)
+    assert all(fleet.item(cid).lease_epoch >= 2 for cid in theirs)
+
+
+def test_sigterm_hands_off_within_a_second_without_gap_or_duplicate(fleet):
+    procs, ids = start_fleet(fleet, 3, 6, "term")
+    victim, theirs = busiest(fleet, procs, ids)
+    termed_at = time.time()
+    victim.signal(signal.SIGTERM)
+
+    def all_handed_off():
+        times = [handled_elsewhere_at(fleet, cid, victim.worker_id, termed_at) for cid in theirs]
+        return times if all(t is not None for t in times) else None
+
+    times = wait_until(all_handed_off, 2 * HANDOFF_BOUND, "graceful handoff")
+    print(f"graceful handoff: {max(times) - termed_at:.3f} s (bound {HANDOFF_BOUND} s)")
+    assert victim.popen.wait(timeout=15) == 0
+    assert "worker stopped" in victim.log()
+    keep_flowing(fleet, theirs)
+    assert_clean_audit(fleet)
+    duplicates = duplicate_count(fleet.records())
+    assert {cid: duplicates.get(cid, 0) for cid in theirs} == dict.fromkeys(theirs, 0)
+
+
+def test_paused_worker_handles_nothing_for_connections_it_lost(fleet):
+    procs, ids = start_fleet(fleet, 3, 6, "pause")
+    victim, theirs = busiest(fleet, procs, ids)
+    paused_at = time.time()
+    victim.signal(signal.SIGSTOP)
+
+    def all_taken_over():
+        return all(handled_elsewhere_at(fleet, c, victim.worker_id, paused_at) for c in theirs)
+
+    wait_until(all_taken_over, 2 * CRASH_BOUND, "takeover while the worker is paused")
+    resumed_at = time.time()
+    victim.signal(signal.SIGCONT)
+    # The resumed worker notices on its own: every lost connection ends there.
+    wait_until(
+        lambda: victim.log().count('"message":"connection ended"') >= len(theirs),
+        2 * TIMING.lease,
+        "the resumed worker to drop its stale connections",
+    )
+    keep_flowing(fleet, theirs)
+    late = [
+        r
+        for r in fleet.records()
+        if r.worker == victim.worker_id and r.connection_id in theirs and r.t >= resumed_at
+    ]
+    assert late == []
+    assert_clean_audit(fleet)
+    assert victim.popen.poll() is None  # alive and well after the pause
+
+
+def test_stopped_connection_closes_within_one_heartbeat(fleet):
+    fleet.start_worker("w")
+    fleet.start_connection("stop-me")
+    fleet.wait_handling(["stop-me"], 15)
+    stopped_at = time.time()
+    fleet.control.stop("stop-me", int(stopped_at * 1000))
+    wait_until(
+        lambda: fleet.item("stop-me").lease_owner is None, 2 * STOP_BOUND, "release after stop"
+    )
+    released_seen = time.time()
+    print(f"stop to release: {released_seen - stopped_at:.3f} s (bound {STOP_BOUND} s)")
+    item = fleet.item("stop-me")
+    assert item.desired_state == "STOPPED"
+    assert item.lease_expires_at_ms == 0
+    assert item.last_seq == fleet.highest_seq("stop-me")  # final checkpoint written
+    assert item.expires_at is not None
+    assert all(r.t <= released_seen for r in fleet.records())
+    assert_clean_audit(fleet)
+
+
+@pytest.mark.parametrize(
+    "fault", ["drop_after=7", "close_after=6", "gap_after=5", "garbage_after=4", "mute_after=5"]
+)
+def test_upstream_faults_reconnect_and_resume_without_loss(fleet, fault):
+    name, value = fault.split("=")
+    worker = fleet.start_worker("w")
+    fleet.start_connection("flaky", fleet.feed("flaky", **{name: value}))
+    wait_until(lambda: fleet.highest_seq("flaky") >= 25, 30, "25 seqs through the faults")
+    assert_clean_audit(fleet)
+    assert duplicate_count(fleet.records()) == {}
+    if name != "garbage_after":  # a garbage frame is skipped, not a reason to reconnect
+        assert worker.log().count('"message":"upstream connected"') >= 2
+
+
+def test_poison_messages_never_crash_and_end_in_the_dlq(fleet):
+    worker = fleet.start_worker("w")
+    for body in (
+        "not json",
+        json.dumps({"type": "start"}),
+        json.dumps({"type": "start", "connection_id": "bad id!"}),
+    ):
+        fleet.sqs.send_message(QueueUrl=fleet.queue_url, MessageBody=body)
+    fleet.start_connection("after-poison")
+    fleet.wait_handling(["after-poison"], 15)
+
+    def dlq_depth():
+        attributes = fleet.sqs.get_queue_attributes(
+            QueueUrl=fleet.dlq_url, AttributeNames=["ApproximateNumberOfMessages"]
+        )["Attributes"]
+        return int(attributes["ApproximateNumberOfMessages"]) >= 3
+
+    wait_until(dlq_depth, 30, "poison messages in the DLQ")
+    assert worker.popen.poll() is None
+    assert worker.log().count("poison message") >= 3
+
+
+def test_capacity_is_never_exceeded_and_full_workers_leave_work_to_others(fleet):
+    full = [fleet.start_worker("small", MAX_CONNECTIONS="2") for _ in range(2)]
+    ids = [f"cap-{i}" for i in range(5)]
+    for cid in ids:
+        fleet.start_connection(cid)
+    fleet.wait_handling(ids[:4], 15, min_seq=1)
+    assert sorted(fleet.owners(ids).values(), key=str).count(None) == 1
+    spare = fleet.start_worker("spare")
+
+    def spare_took_the_rest() -> bool:
+        owners = list(fleet.owners(ids).values())
+        return spare.worker_id in owners and None not in owners
+
+    wait_until(
+        spare_took_the_rest,
+        2 * CRASH_BOUND,
+        "the spare worker to take the fifth connection",
+    )
+    for worker in full:
+        assert max_active(worker) <= 2
+
+
+def max_active(worker: WorkerProcess) -> float:
+    """Highest ActiveConnections the worker published, once it has published twice."""
+    wait_until(lambda: len(emf_documents(worker.log_path)) >= 2, 10, "EMF metrics")
+    return max(max(doc["ActiveConnections"]) for doc in emf_documents(worker.log_path))
+
+
+def emf_documents(path: Path) -> list[dict]:
+    docs = []
+    for line in path.read_text().splitlines():
+        if line.startswith('{"_aws"'):
+            docs.append(json.loads(line))
+    return docs
+
+
+def test_failing_handler_is_retried_and_the_checkpoint_waits(fleet):
+    worker = fleet.start_worker("w", RECORD_FAIL_SEQ="3", RECORD_FAIL_TIMES="2")
+    fleet.start_connection("retry")
+    wait_until(lambda: fleet.highest_seq("retry") >= 10, 20, "seq 10 after retries")
+    attempts = [r for r in fleet.records() if r.seq == 3]
+    assert [r.failed for r in attempts] == [True, True, False]
+    assert_clean_audit(fleet)
+    wait_until(
+        lambda: sum(sum(d["HandlerErrors"]) for d in emf_documents(worker.log_path)) >= 2,
+        10,
+        "HandlerErrors published",
+    )
+
+
+def test_skip_mode_moves_past_a_failing_message_and_counts_it(fleet):
+    worker = fleet.start_worker(
+        "w", RECORD_FAIL_SEQ="3", RECORD_FAIL_TIMES="100", HANDLER_ERRORS="skip"
+    )
+    fleet.start_connection("skip")
+    wait_until(lambda: fleet.highest_seq("skip") >= 10, 20, "seq 10 after a skip")
+    attempts = [r for r in fleet.records() if r.seq == 3]
+    assert [r.failed for r in attempts] == [True]
+    assert lost_seqs(fleet.records()) == {"skip": [3]}  # skipped on purpose, nothing else
+    wait_until(
+        lambda: sum(sum(d["HandlerErrors"]) for d in emf_documents(worker.log_path)) >= 1,
+        10,
+        "HandlerErrors published",
+    )
+
+
+def test_restart_with_a_new_url_runs_the_new_stream_from_its_start(fleet):
+    fleet.start_worker("w")
+    fleet.start_connection("moving", fleet.feed("old-stream"))
+    wait_until(lambda: fleet.highest_seq("moving") >= 30, 20, "the old stream to pass seq 30")
+    fleet.control.stop("moving", int(time.time() * 1000))
+    fleet.start_connection("moving", fleet.feed("new-stream"))
+    wait_until(
+        lambda: any(r.feed == "new-stream" and r.seq >= 5 for r in fleet.records()),
+        2 * STOP_BOUND + 2,
+        "the new stream to be handled",
+    )
+    new = [r for r in fleet.records() if r.feed == "new-stream"]
+    assert min(r.seq for r in new) == 1
+    assert sorted({r.seq for r in new}) == list(range(1, max(r.seq for r in new) + 1))
+    old_epochs = {r.epoch for r in fleet.records() if r.feed == "old-stream"}
+    assert min(r.epoch for r in new) > max(old_epochs)
+    assert stale_deliveries(fleet.records()) == []

@@ -1,0 +1,106 @@
+"""The feed's pure rules: query validation and deterministic message content."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from local_stack.feed import (
+    OVERSIZE_BYTES,
+    FeedRequest,
+    FeedRequestError,
+    feed_value,
+    message,
+    oversize_frame,
+    parse_request,
+)
+
+
+def test_defaults_come_from_the_path_and_the_server_rate() -> None:
+    assert parse_request("/feed-a", default_rate=5.0) == FeedRequest(
+        feed="feed-a", from_seq=1, rate=5.0
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/feed-a?from_seq=42", FeedRequest(feed="feed-a", from_seq=42, rate=5.0)),
+        ("/feed-a?rate=0", FeedRequest(feed="feed-a", rate=0.0)),
+        ("/feed-a?rate=12.5", FeedRequest(feed="feed-a", rate=12.5)),
+        ("/feed-a?count=10", FeedRequest(feed="feed-a", rate=5.0, count=10)),
+        ("/feed-a?count=0", FeedRequest(feed="feed-a", rate=5.0, count=0)),
+        ("/feed-a?drop_after=3", FeedRequest(feed="feed-a", rate=5.0, drop_after=3)),
+        ("/feed-a?close_after=0", FeedRequest(feed="feed-a", rate=5.0, close_after=0)),
+        ("/feed-a?garbage_after=2", FeedRequest(feed="feed-a", rate=5.0, garbage_after=2)),
+        ("/feed-a?oversize_after=1", FeedRequest(feed="feed-a", rate=5.0, oversize_after=1)),
+        ("/feed-a?gap_after=4", FeedRequest(feed="feed-a", rate=5.0, gap_after=4)),
+        ("/feed-a?mute_after=5", FeedRequest(feed="feed-a", rate=5.0, mute_after=5)),
+        (
+            "/a%20b/c?from_seq=7&rate=1&count=9&gap_after=1&close_after=2",
+            FeedRequest(feed="a b/c", from_seq=7, rate=1.0, count=9, gap_after=1, close_after=2),
+        ),
+    ],
+)
+def test_valid_queries(path: str, expected: FeedRequest) -> None:
+    assert parse_request(path, default_rate=5.0) == expected
+
+
+@pytest.mark.parametrize(
+    ("path", "complaint"),
+    [
+        ("/", "missing feed name"),
+        ("/?from_seq=2", "missing feed name"),
+        ("/feed-a?from_seq=0", "from_seq"),
+        ("/feed-a?from_seq=-1", "from_seq"),
+        ("/feed-a?from_seq=1.5", "from_seq"),
+        ("/feed-a?from_seq=+3", "from_seq"),
+        ("/feed-a?from_seq=", "from_seq"),
+        ("/feed-a?from_seq=abc", "from_seq"),
+        ("/feed-a?rate=-1", "rate"),
+        ("/feed-a?rate=nan", "rate"),
+        ("/feed-a?rate=inf", "rate"),
+        ("/feed-a?rate=fast", "rate"),
+        ("/feed-a?count=-2", "count"),
+        ("/feed-a?drop_after=x", "drop_after"),
+        ("/feed-a?mute_after=-1", "mute_after"),
+        ("/feed-a?drop_afer=3", "unknown parameter 'drop_afer'"),
+        ("/feed-a?count=3&count=4", "given twice"),
+        ("/feed-a?count", "malformed query"),
+    ],
+)
+def test_invalid_queries(path: str, complaint: str) -> None:
+    with pytest.raises(FeedRequestError, match=complaint):
+        parse_request(path, default_rate=5.0)
+
+
+def test_message_carries_seq_feed_time_and_a_value_fixed_by_feed_and_seq() -> None:
+    decoded = json.loads(message("feed-a", 7, now_ms=1_700_000_000_123))
+    assert decoded == {
+        "seq": 7,
+        "feed": "feed-a",
+        "sent_at_ms": 1_700_000_000_123,
+        "value": feed_value("feed-a", 7),
+    }
+
+
+def test_message_is_deterministic_apart_from_the_timestamp() -> None:
+    first = json.loads(message("feed-a", 3, now_ms=1))
+    again = json.loads(message("feed-a", 3, now_ms=2))
+    assert first["value"] == again["value"]
+    assert {k: v for k, v in first.items() if k != "sent_at_ms"} == {
+        k: v for k, v in again.items() if k != "sent_at_ms"
+    }
+
+
+def test_values_differ_across_seqs_and_feeds() -> None:
+    values = {feed_value("feed-a", seq) for seq in range(1, 101)}
+    assert len(values) == 100
+    assert feed_value("feed-a", 1) != feed_value("feed-b", 1)
+
+
+def test_oversize_frame_is_exactly_two_mib() -> None:
+    frame = oversize_frame()
+    assert len(frame.encode()) == OVERSIZE_BYTES == 2 * 1024 * 1024
+    assert "seq" not in json.loads(frame)
