@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from wsfleet import schema
-from wsfleet.conditional_write import ConditionFailedError, update_connection
 from wsfleet.item import ConnectionItem, to_attribute
+from wsfleet.item_io import ConditionFailedError, update_connection
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from wsfleet import lease_rules, schema
-from wsfleet.conditional_write import ConditionFailedError, item_key, update_connection
 from wsfleet.item import ConnectionItem
+from wsfleet.item_io import ConditionFailedError, get_connection, update_connection
 from wsfleet.lease_rules import (
     AcquireRefusal,
     ConditionalUpdate,
@@ -100,13 +100,7 @@ class LeaseStore:
         return found
 
     def get(self, connection_id: str, *, consistent: bool = True) -> ConnectionItem | None:
-        response = self._client.get_item(
-            TableName=self._table,
-            Key=item_key(connection_id),
-            ConsistentRead=consistent,
-        )
-        raw = response.get("Item")
-        return ConnectionItem.from_dynamodb(raw) if raw else None
+        return get_connection(self._client, self._table, connection_id, consistent=consistent)
 
     # --- plumbing ----------------------------------------------------------------------
 

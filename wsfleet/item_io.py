@@ -1,4 +1,5 @@
-"""One conditional ``UpdateItem`` on a connection item, with the reason of a failure."""
+"""Reading and conditionally writing one connection item (the reason of a failed
+condition comes back with the failure, so no second read is needed)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,13 @@ def update_connection(
         raise ConditionFailedError(ConnectionItem.from_dynamodb(raw) if raw else None) from error
     attributes = response.get("Attributes")
     return ConnectionItem.from_dynamodb(attributes) if attributes else None
+
+
+def get_connection(
+    client: DynamoDBClient, table_name: str, connection_id: str, *, consistent: bool = True
+) -> ConnectionItem | None:
+    response = client.get_item(
+        TableName=table_name, Key=item_key(connection_id), ConsistentRead=consistent
+    )
+    raw = response.get("Item")
+    return ConnectionItem.from_dynamodb(raw) if raw else None

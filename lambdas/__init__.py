@@ -1,0 +1,1 @@
+"""Lambda functions of the project."""
