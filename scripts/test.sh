@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up from nothing, then run every check: lint, format, types and all tests
-# (unit, DynamoDB Local integration and multi-process fleet tests).
+# Set up from nothing, then run every check: lint, format, types, all tests (unit,
+# DynamoDB Local integration, multi-process fleet tests, stacks) and the offline
+# `cdk synth` under cdk-nag.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -18,3 +19,5 @@ echo "== mypy"
 mypy
 echo "== pytest"
 pytest "$@"
+echo "== cdk synth (offline, cdk-nag)"
+bash scripts/synth.sh

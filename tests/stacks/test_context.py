@@ -1,0 +1,167 @@
+"""Per-environment settings: context changes the template, bad values fail the synth."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aws_cdk as cdk
+import pytest
+
+from stacks.settings import (
+    ENVIRONMENT_KEY,
+    ENVIRONMENTS_KEY,
+    SettingsError,
+    build_settings,
+    pinned_powertools_version,
+    settings_from_context,
+)
+from tests.stacks.cfn import of_type, only
+from tests.stacks.conftest import Synthesized, cdk_json_context, synthesize
+from wsfleet import schema
+
+pytestmark = pytest.mark.cdk
+
+TOPIC = "arn:aws:sns:eu-west-1:123456789012:fleet-alarms"
+IMPORTED_VPC = {
+    "vpcId": "vpc-0123456789abcdef0",
+    "availabilityZones": ["eu-west-1a", "eu-west-1b"],
+    "subnetIds": ["subnet-0aaaaaaaaaaaaaaa1", "subnet-0bbbbbbbbbbbbbbb2"],
+    "assignPublicIp": False,
+}
+# As `cdk deploy -c fleet:environment=dev -c fleet:minTasks=3 ...` passes them: text.
+OVERRIDES = {
+    ENVIRONMENT_KEY: "dev",
+    "fleet:minTasks": "3",
+    "fleet:maxTasks": "7",
+    "fleet:tableBilling": "PROVISIONED",
+    "fleet:provisionedCapacity": json.dumps({"minWrite": 10, "maxWrite": 200}),
+    "fleet:vpc": json.dumps(IMPORTED_VPC),
+    "fleet:eventBusName": "fleet-bus",
+    "fleet:alarmTopicArn": TOPIC,
+    "fleet:dlqMaxReceiveCount": "3",
+}
+
+
+@pytest.fixture(scope="module")
+def overridden(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    """A second synth (cdk-nag included) with the dev environment and overrides."""
+    return synthesize({**cdk_json_context(), **OVERRIDES}, tmp_path_factory.mktemp("dev.out"))
+
+
+def _targets(synth: Synthesized, namespace: str) -> list[dict[str, Any]]:
+    return [
+        t["Properties"]
+        for t in of_type(synth.resources, "AWS::ApplicationAutoScaling::ScalableTarget").values()
+        if t["Properties"]["ServiceNamespace"] == namespace
+    ]
+
+
+def test_dev_environment_and_overrides_are_applied(overridden: Synthesized) -> None:
+    s = overridden.settings
+    assert (s.environment, s.dev, s.min_tasks, s.max_tasks) == ("dev", True, 3, 7)
+    assert s.stack_name == "WebSocketFleet-dev"
+    assert s.service_name == "websocket-fleet-dev"
+
+
+def test_task_bounds_and_scaling_dimension_follow_context(overridden: Synthesized) -> None:
+    (ecs_target,) = _targets(overridden, "ecs")
+    assert (ecs_target["MinCapacity"], ecs_target["MaxCapacity"]) == (3, 7)
+    policies = of_type(overridden.resources, "AWS::ApplicationAutoScaling::ScalingPolicy")
+    (spec,) = [
+        p["Properties"]["TargetTrackingScalingPolicyConfiguration"]["CustomizedMetricSpecification"]
+        for p in policies.values()
+        if "CustomizedMetricSpecification"
+        in p["Properties"].get("TargetTrackingScalingPolicyConfiguration", {})
+    ]
+    assert spec["Dimensions"] == [{"Name": "Service", "Value": "websocket-fleet-dev"}]
+
+
+def test_provisioned_billing_scales_table_and_index(overridden: Synthesized) -> None:
+    _, table = only(overridden.resources, "AWS::DynamoDB::Table")
+    assert "BillingMode" not in table or table["BillingMode"] == "PROVISIONED"
+    assert table["ProvisionedThroughput"]["WriteCapacityUnits"] == 10
+    (index,) = table["GlobalSecondaryIndexes"]
+    assert index["ProvisionedThroughput"]["WriteCapacityUnits"] == 10
+    dims = {
+        (t["ScalableDimension"], t["MinCapacity"], t["MaxCapacity"])
+        for t in _targets(overridden, "dynamodb")
+    }
+    assert dims == {
+        ("dynamodb:table:ReadCapacityUnits", 5, 50),
+        ("dynamodb:table:WriteCapacityUnits", 10, 200),
+        ("dynamodb:index:ReadCapacityUnits", 5, 50),
+        ("dynamodb:index:WriteCapacityUnits", 10, 200),
+    }
+    index_ids = [
+        t["ResourceId"]
+        for t in _targets(overridden, "dynamodb")
+        if ":index:" in t["ScalableDimension"]
+    ]
+    assert all(schema.STATE_INDEX_NAME in json.dumps(r) for r in index_ids)
+
+
+def test_imported_vpc_is_used_without_lookup_or_new_network(overridden: Synthesized) -> None:
+    assert of_type(overridden.resources, "AWS::EC2::VPC") == {}
+    _, service = only(overridden.resources, "AWS::ECS::Service")
+    network = service["NetworkConfiguration"]["AwsvpcConfiguration"]
+    assert network["AssignPublicIp"] == "DISABLED"
+    assert network["Subnets"] == IMPORTED_VPC["subnetIds"]
+    _, group = only(overridden.resources, "AWS::EC2::SecurityGroup")
+    assert group["VpcId"] == IMPORTED_VPC["vpcId"]
+
+
+def test_bus_topic_dlq_and_dev_removal_policy(overridden: Synthesized) -> None:
+    _, rule = only(overridden.resources, "AWS::Events::Rule")
+    assert rule["EventBusName"] == "fleet-bus"
+    alarms = of_type(overridden.resources, "AWS::CloudWatch::Alarm").values()
+    assert all(a["Properties"]["AlarmActions"] == [TOPIC] for a in alarms)
+    queues = of_type(overridden.resources, "AWS::SQS::Queue").values()
+    assert [
+        q["Properties"]["RedrivePolicy"]["maxReceiveCount"]
+        for q in queues
+        if "RedrivePolicy" in q["Properties"]
+    ] == [3]
+    overridden.template.has_resource("AWS::DynamoDB::Table", {"DeletionPolicy": "Delete"})
+
+
+def _settings(context: dict[str, Any]) -> Any:
+    return settings_from_context(cdk.App(context=context).node)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"fleet:minTasks": "0"}, "minTasks"),
+        ({"fleet:minTasks": "2.5"}, "minTasks"),
+        ({"fleet:minTasks": "5", "fleet:maxTasks": "4"}, "minTasks"),
+        ({"fleet:targetConnectionsPerTask": "501"}, "targetConnectionsPerTask"),
+        ({"fleet:logRetentionDays": "8"}, "logRetentionDays"),
+        ({"fleet:dev": "true"}, "prod cannot set dev"),
+        ({"fleet:leaseSeconds": "0"}, "leaseSeconds"),
+        ({"fleet:allowedUpstreamHosts": "[]"}, "allowedUpstreamHosts"),
+        ({"fleet:allowedUpstreamHosts": "wss://feed.example.com/x"}, "allowedUpstreamHosts"),
+        ({"fleet:taskMemoryMiB": "300"}, "taskMemoryMiB"),
+        ({"fleet:tableBilling": "FREE"}, "tableBilling"),
+        ({ENVIRONMENT_KEY: "staging"}, "staging"),
+    ],
+)
+def test_bad_settings_fail_with_the_key_named(override: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        _settings({**cdk_json_context(), **override})
+
+
+def test_unknown_keys_are_refused() -> None:
+    context = cdk_json_context()
+    context[ENVIRONMENTS_KEY]["prod"]["minTask"] = 1
+    with pytest.raises(SettingsError, match="minTask"):
+        _settings(context)
+
+
+def test_defaults_without_cdk_json_match_the_prod_block() -> None:
+    prod = cdk_json_context()[ENVIRONMENTS_KEY]["prod"]
+    from_json = build_settings("prod", prod)
+    assert (
+        build_settings("prod", {"allowedUpstreamHosts": prod["allowedUpstreamHosts"]}) == from_json
+    )
+    assert from_json.powertools_version == pinned_powertools_version()

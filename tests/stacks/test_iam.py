@@ -1,0 +1,88 @@
+"""Least privilege: the exact actions and resources of the worker's and router's roles."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.stacks.cfn import arn, as_list, grants, of_type, only, role_permissions
+from tests.stacks.conftest import Synthesized
+from wsfleet import schema
+
+pytestmark = pytest.mark.cdk
+
+
+def _ids(synth: Synthesized) -> dict[str, str]:
+    queues = of_type(synth.resources, "AWS::SQS::Queue")
+    (start,) = [k for k, v in queues.items() if "RedrivePolicy" in v["Properties"]]
+    functions = of_type(synth.resources, "AWS::Lambda::Function")
+    (router,) = [
+        v["Properties"]
+        for v in functions.values()
+        if v["Properties"].get("Handler") == "lambdas.router.main.handler"
+    ]
+    _, task = only(synth.resources, "AWS::ECS::TaskDefinition")
+    return {
+        "table": only(synth.resources, "AWS::DynamoDB::Table")[0],
+        "start_queue": start,
+        "failed_events": router["DeadLetterConfig"]["TargetArn"]["Fn::GetAtt"][0],
+        "router_role": router["Role"]["Fn::GetAtt"][0],
+        "router_logs": router["LoggingConfig"]["LogGroup"]["Ref"],
+        "task_role": task["TaskRoleArn"]["Fn::GetAtt"][0],
+    }
+
+
+def _index(table_id: str) -> dict:
+    return {"Fn::Join": ["", [arn(table_id), f"/index/{schema.STATE_INDEX_NAME}"]]}
+
+
+def test_worker_task_role_has_exactly_the_lease_and_queue_actions(synth: Synthesized) -> None:
+    ids = _ids(synth)
+    table, queue = ids["table"], ids["start_queue"]
+    expected = (
+        grants(["dynamodb:GetItem", "dynamodb:UpdateItem"], arn(table))
+        | grants(["dynamodb:Query"], _index(table))
+        | grants(
+            [
+                "sqs:ReceiveMessage",
+                "sqs:DeleteMessage",
+                "sqs:ChangeMessageVisibility",
+                "sqs:SendMessage",
+            ],
+            arn(queue),
+        )
+    )
+    assert role_permissions(synth.resources, ids["task_role"]) == expected
+    assert "ManagedPolicyArns" not in synth.resources[ids["task_role"]]["Properties"]
+
+
+def test_router_role_has_exactly_its_table_queue_and_log_actions(synth: Synthesized) -> None:
+    ids = _ids(synth)
+    table = ids["table"]
+    expected = (
+        grants(["dynamodb:GetItem", "dynamodb:UpdateItem"], arn(table))
+        | grants(["dynamodb:Query", "dynamodb:Scan"], arn(table), _index(table))
+        # the start hint, and the function's own dead-letter queue for failed events
+        | grants(["sqs:SendMessage"], arn(ids["start_queue"]), arn(ids["failed_events"]))
+        | grants(["logs:CreateLogStream", "logs:PutLogEvents"], arn(ids["router_logs"]))
+    )
+    assert role_permissions(synth.resources, ids["router_role"]) == expected
+    assert "ManagedPolicyArns" not in synth.resources[ids["router_role"]]["Properties"]
+
+
+def test_no_policy_in_the_stack_allows_a_wildcard_action(synth: Synthesized) -> None:
+    documents = [
+        p["Properties"]["PolicyDocument"]
+        for p in of_type(synth.resources, "AWS::IAM::Policy").values()
+    ] + [
+        inline["PolicyDocument"]
+        for role in of_type(synth.resources, "AWS::IAM::Role").values()
+        for inline in role["Properties"].get("Policies", [])
+    ]
+    actions = [
+        action
+        for document in documents
+        for statement in document["Statement"]
+        for action in as_list(statement["Action"])
+    ]
+    assert actions
+    assert [a for a in actions if "*" in a] == []

@@ -1,0 +1,100 @@
+"""The router: function, Powertools layer, HTTP API with IAM auth, EventBridge rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from lambdas.router import settings as router_env
+from stacks.settings import pinned_powertools_version
+from tests.stacks.cfn import arn, of_type, only
+from tests.stacks.conftest import Synthesized
+
+pytestmark = pytest.mark.cdk
+
+ROUTES = {
+    "POST /connections",
+    "GET /connections",
+    "GET /connections/{id}",
+    "DELETE /connections/{id}",
+}
+
+
+def _router(synth: Synthesized) -> tuple[str, dict]:
+    (found,) = [
+        (k, v["Properties"])
+        for k, v in of_type(synth.resources, "AWS::Lambda::Function").items()
+        if v["Properties"].get("Handler") == "lambdas.router.main.handler"
+    ]
+    return found
+
+
+def test_function_runtime_handler_and_environment(synth: Synthesized) -> None:
+    _, function = _router(synth)
+    assert function["Runtime"] == "python3.12"
+    assert function["Architectures"] == ["x86_64"]
+    env = function["Environment"]["Variables"]
+    assert env[router_env.ALLOWED_UPSTREAM_HOSTS] == ",".join(synth.settings.allowed_upstream_hosts)
+    assert env[router_env.ALLOW_INSECURE_WS] == "false"
+    table_id, _ = only(synth.resources, "AWS::DynamoDB::Table")
+    assert env[router_env.TABLE_NAME] == {"Ref": table_id}
+    assert env[router_env.QUEUE_URL]["Ref"] in synth.resources
+    assert env["POWERTOOLS_SERVICE_NAME"]
+
+
+def test_powertools_layer_resolves_at_deploy_from_the_public_parameter(
+    synth: Synthesized,
+) -> None:
+    _, function = _router(synth)
+    (layer,) = function["Layers"]
+    parameter = synth.template.to_json()["Parameters"][layer["Ref"]]
+    assert parameter["Type"] == "AWS::SSM::Parameter::Value<String>"
+    version = pinned_powertools_version()
+    assert parameter["Default"] == f"/aws/service/powertools/python/x86_64/python3.12/{version}"
+
+
+def test_failed_async_invocations_are_bounded_and_kept(synth: Synthesized) -> None:
+    function_id, function = _router(synth)
+    failed_events = function["DeadLetterConfig"]["TargetArn"]["Fn::GetAtt"][0]
+    assert synth.resources[failed_events]["Type"] == "AWS::SQS::Queue"
+    _, invoke = only(synth.resources, "AWS::Lambda::EventInvokeConfig")
+    assert invoke["FunctionName"] == {"Ref": function_id}
+    assert invoke["MaximumRetryAttempts"] == 2
+    assert invoke["MaximumEventAgeInSeconds"] <= 3600
+
+
+def test_every_route_requires_iam_authorization(synth: Synthesized) -> None:
+    routes = [
+        r["Properties"] for r in of_type(synth.resources, "AWS::ApiGatewayV2::Route").values()
+    ]
+    assert {r["RouteKey"] for r in routes} == ROUTES
+    assert len(routes) == len(ROUTES)
+    assert all(r["AuthorizationType"] == "AWS_IAM" for r in routes)
+    _, integration = only(synth.resources, "AWS::ApiGatewayV2::Integration")
+    function_id, _ = _router(synth)
+    assert integration["IntegrationUri"] == arn(function_id)
+    assert integration["PayloadFormatVersion"] == "2.0"
+
+
+def test_stage_writes_access_logs_and_throttles(synth: Synthesized) -> None:
+    _, stage = only(synth.resources, "AWS::ApiGatewayV2::Stage")
+    assert stage["StageName"] == "$default"
+    assert stage["AutoDeploy"] is True
+    log_group_id = stage["AccessLogSettings"]["DestinationArn"]["Fn::GetAtt"][0]
+    assert synth.resources[log_group_id]["Type"] == "AWS::Logs::LogGroup"
+    assert "$context.identity.userArn" in stage["AccessLogSettings"]["Format"]
+    assert stage["DefaultRouteSettings"]["ThrottlingRateLimit"] > 0
+
+
+def test_event_rule_sends_start_and_stop_events_to_the_router(synth: Synthesized) -> None:
+    _, rule = only(synth.resources, "AWS::Events::Rule")
+    assert rule["EventPattern"] == {
+        "source": [synth.settings.event_source],
+        "detail-type": ["Start Connection", "Stop Connection"],
+    }
+    assert "EventBusName" not in rule  # the account's default bus
+    (target,) = rule["Targets"]
+    function_id, function = _router(synth)
+    assert target["Arn"] == arn(function_id)
+    assert target["DeadLetterConfig"]["Arn"] == function["DeadLetterConfig"]["TargetArn"]
+    assert target["RetryPolicy"]["MaximumRetryAttempts"] <= 5
+    assert target["RetryPolicy"]["MaximumEventAgeInSeconds"] <= 3600
