@@ -201,6 +201,7 @@ class ConnectionRunner:
                 self._fence("no successful renew before the fence deadline")
                 return
             sent_at = loop.time()
+            self._s.metrics.renew_lateness(sent_at - self._next_renew)
             try:
                 async with asyncio.timeout_at(self._deadline):
                     result = await loop.run_in_executor(

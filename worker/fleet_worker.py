@@ -236,7 +236,7 @@ class Worker:
         if self._owning:
             await asyncio.wait(set(self._owning), timeout=self.config.timing.lease)
         handed_back = await drained
-        self.metrics.flush(self._wall_ms())
+        self._flush_and_log()
         log.info(
             "worker stopped",
             extra={
@@ -257,4 +257,18 @@ class Worker:
     async def _flush_metrics(self) -> None:
         while True:
             await asyncio.sleep(self.config.metrics_interval)
-            self.metrics.flush(self._wall_ms())
+            self._flush_and_log()
+
+    def _flush_and_log(self) -> None:
+        lateness = self.metrics.lateness_summary()
+        counts = self.metrics.snapshot()
+        self.metrics.flush(self._wall_ms())
+        log.info(
+            "worker stats",
+            extra={
+                "active_connections": len(self._runners),
+                "free_slots": self.capacity.free,
+                "messages_processed": counts[m.MESSAGES_PROCESSED],
+                "renew_lateness": lateness,
+            },
+        )

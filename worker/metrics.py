@@ -42,12 +42,34 @@ class FleetMetrics:
         self._out = out
         self._counts = dict.fromkeys(m.COUNTERS, 0)
         self._takeover_latencies: list[float] = []
+        self._renew_lateness: list[float] = []
 
     def count(self, name: str, value: int = 1) -> None:
         self._counts[name] += value
 
     def takeover_latency(self, milliseconds: float) -> None:
         self._takeover_latencies.append(milliseconds)
+
+    def renew_lateness(self, seconds: float) -> None:
+        """How late a renew was sent against its schedule (event loop lag)."""
+        self._renew_lateness.append(max(0.0, seconds))
+
+    def lateness_summary(self) -> dict[str, float | int]:
+        """Renew lateness of this period in ms: count, p50, p99, max (not published
+        as a metric; logged with each flush for operators and benchmarks)."""
+        values = sorted(self._renew_lateness)
+        if not values:
+            return {"renews": 0}
+
+        def pick(q: float) -> float:
+            return round(1000 * values[min(len(values) - 1, int(q * len(values)))], 1)
+
+        return {
+            "renews": len(values),
+            "p50_ms": pick(0.5),
+            "p99_ms": pick(0.99),
+            "max_ms": pick(1.0),
+        }
 
     def snapshot(self) -> dict[str, int]:
         """Counts since the last flush (for logs and tests)."""
@@ -69,6 +91,7 @@ class FleetMetrics:
         emf.clear_metrics()
         self._counts = dict.fromkeys(m.COUNTERS, 0)
         self._takeover_latencies = []
+        self._renew_lateness = []
         out = self._out or sys.stdout
         out.write(json.dumps(document, separators=(",", ":")) + "\n")
         out.flush()

@@ -54,3 +54,18 @@ def test_every_period_publishes_zeros_and_resets():
         assert second[name] == [0.0], name
     assert second[m.ACTIVE_CONNECTIONS] == [0.0]
     assert m.TAKEOVER_LATENCY_MS not in second  # only real takeovers are published
+
+
+def test_renew_lateness_is_summarised_per_period_and_reset():
+    metrics, _ = make()
+    assert metrics.lateness_summary() == {"renews": 0}
+    for ms in range(100):  # 0..99 ms late
+        metrics.renew_lateness(ms / 1000)
+    metrics.renew_lateness(-0.5)  # early wake-ups count as on time
+    summary = metrics.lateness_summary()
+    assert summary["renews"] == 101
+    assert summary["p50_ms"] == 49.0
+    assert summary["p99_ms"] == 98.0
+    assert summary["max_ms"] == 99.0
+    metrics.flush()
+    assert metrics.lateness_summary() == {"renews": 0}
