@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -335,6 +335,28 @@ def start_feed(
         cwd=repo_root,
         # Unbuffered, so the log shows what happened even if the feed is killed.
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    _await_ready(managed, lambda: _accepts_tcp(LOOPBACK, port, timeout=0.5), timeout, "accept TCP")
+    return managed
+
+
+def start_router(
+    port: int,
+    log_dir: Path,
+    env: Mapping[str, str],
+    repo_root: Path = REPO_ROOT,
+    timeout: float = 20.0,
+) -> ManagedProcess:
+    """Serve the router's Lambda handler (``python -m local_stack.api_server``) on
+    ``127.0.0.1:port`` with ``env`` (its settings and AWS endpoints); returns once the
+    port accepts TCP. Failures raise as for :func:`start_dynamodb_local`."""
+    _refuse_busy_port(port)
+    managed = _launch(
+        f"router-{port}",
+        [sys.executable, "-m", "local_stack.api_server", "--host", LOOPBACK, "--port", str(port)],
+        log_dir,
+        cwd=repo_root,
+        env={**env, "PYTHONUNBUFFERED": "1"},
     )
     _await_ready(managed, lambda: _accepts_tcp(LOOPBACK, port, timeout=0.5), timeout, "accept TCP")
     return managed

@@ -1,0 +1,971 @@
+"""``python -m local_stack``: the whole system on this machine, from nothing, with a live
+view of the fleet (DESIGN section 7).
+
+Order of things:
+
+1. DynamoDB Local, moto (SQS and CloudWatch) and the demo feed start as child processes
+   in their own sessions (:mod:`local_stack.services`), so a Ctrl-C in the terminal
+   reaches only this runner, which decides the order in which everything stops.
+2. The table ``connections`` and the queue ``websocket-fleet-starts`` (with its DLQ)
+   are created, and the router's Lambda handler is served on the API port
+   (:mod:`local_stack.api_server`) with ``ws://`` and loopback upstreams allowed.
+3. N ``python -m worker`` processes start, also in their own sessions, configured
+   through the environment exactly as a deployment configures them.
+4. The demo connections ``demo-1..demo-N`` are started through the router's HTTP API
+   (``POST /connections``), as a user would.
+5. The live view (or a summary line every few seconds) runs until SIGINT, SIGTERM or
+   ``--duration``.
+6. Shutdown: SIGTERM to every worker, wait for them (they release their leases with
+   final checkpoints), report the leases still held (0 after a clean shutdown), then
+   stop the router, the feed, moto and DynamoDB Local last.
+
+Exit status: 0 when startup succeeded and, at shutdown, every worker still running
+exited with status 0 after SIGTERM and no lease is left held; 1 otherwise (startup
+failure, a port in use, a worker that had to be killed, a lease left behind); 2 for a
+bad option; 130 when a second signal aborted the startup. A worker
+that died while the stack ran is reported in the view and at shutdown but does not by
+itself fail the run: killing workers to watch the failover is part of the demo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import enum
+import errno
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Final
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from local_stack import fleet_view, services
+from local_stack.resources import create_connection_table, create_start_queue
+from local_stack.services import LOCAL_CREDENTIALS, LOCAL_REGION, LOOPBACK, ManagedProcess
+from worker.config import ConfigError, timing_from_env
+from wsfleet.item import ConnectionItem
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_sqs import SQSClient
+
+TABLE_NAME: Final = "connections"
+QUEUE_NAME: Final = "websocket-fleet-starts"
+DEFAULT_STATE_DIR: Final = services.REPO_ROOT / ".local"
+DEFAULT_WORKERS: Final = 3
+DEFAULT_CONNECTIONS: Final = 6
+DEFAULT_RATE: Final = 5.0
+
+#: How often the view reads the table and redraws.
+REFRESH_S: Final = 1.0
+#: How often a summary line is printed when there is no live view.
+SUMMARY_EVERY_S: Final = 5.0
+#: The msg/s column spans at least this long.
+RATE_WINDOW_MIN_S: Final = 3.0
+#: How long workers may take to start their event loop (first health stamp).
+WORKER_READY_TIMEOUT_S: Final = 30.0
+#: Least time workers get to release their leases after SIGTERM before SIGKILL. A
+#: worker's own shutdown is bounded by one lease (DESIGN 4), so longer leases get more.
+WORKER_STOP_TIMEOUT_S: Final = 30.0
+#: Worker settings the runner always sets: metrics every 10 s keep the logs readable,
+#: and a short SQS long poll makes a worker's shutdown quick.
+METRICS_INTERVAL_S: Final = 10
+SQS_WAIT_S: Final = 2
+#: Environment the workers must not inherit: a profile the runner never configured
+#: would make boto3 fail or pick other credentials, and a global endpoint override
+#: would compete with the per-service ones set below.
+_DROPPED_ENV: Final = (
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "AWS_ENDPOINT_URL",
+)
+# Clients of the local servers fail fast: a dead server must not freeze the view.
+_CLIENT_CONFIG = Config(
+    connect_timeout=1, read_timeout=5, retries={"max_attempts": 2, "mode": "standard"}
+)
+_POLL_S = 0.05
+
+
+class StartupError(RuntimeError):
+    """The stack could not be brought up; the message says what and where to look."""
+
+
+# --- options ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ports:
+    """Loopback ports of the four servers."""
+
+    dynamodb: int
+    moto: int
+    feed: int
+    api: int
+
+    def described(self) -> list[tuple[int, str]]:
+        return [
+            (self.dynamodb, "DynamoDB Local"),
+            (self.moto, "moto (SQS, CloudWatch)"),
+            (self.feed, "the demo feed"),
+            (self.api, "the router API"),
+        ]
+
+
+DEFAULT_PORTS: Final = Ports(dynamodb=8000, moto=5000, feed=8765, api=8080)
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """The command line, validated."""
+
+    workers: int = DEFAULT_WORKERS
+    connections: int = DEFAULT_CONNECTIONS
+    rate: float = DEFAULT_RATE
+    lease_seconds: float | None = None
+    """None: the worker's own default (20 s)."""
+    state_dir: Path = DEFAULT_STATE_DIR
+    view: bool = True
+    duration: float | None = None
+    base_port: int | None = None
+    """None: the fixed ports; 0: four free ports; P: P, P+1, P+2, P+3."""
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+
+def _count(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {raw!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _finite(raw: str, *, minimum: float, inclusive: bool) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {raw!r}") from None
+    if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
+        bound = ">=" if inclusive else ">"
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number {bound} {minimum:g}, got {raw!r}"
+        )
+    return value
+
+
+def _rate(raw: str) -> float:
+    return _finite(raw, minimum=0.0, inclusive=True)
+
+
+def _seconds(raw: str) -> float:
+    return _finite(raw, minimum=0.0, inclusive=False)
+
+
+def _lease_seconds(raw: str) -> float:
+    value = _seconds(raw)
+    # The same validation the workers apply at start, so a bad value fails here and not
+    # as N workers exiting with a configuration error.
+    try:
+        timing_from_env({"LEASE_SECONDS": repr(value)})
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return value
+
+
+def _base_port(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {raw!r}") from None
+    if value != 0 and not 1 <= value <= 65535 - 3:
+        raise argparse.ArgumentTypeError(f"must be 0 or 1..65532 (P+3 must be a port), got {value}")
+    return value
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Options:
+    """Parse the command line; argparse exits with status 2 on bad input."""
+    parser = argparse.ArgumentParser(
+        prog="python -m local_stack",
+        description=(
+            "Run the WebSocket worker fleet locally: DynamoDB Local, moto (SQS, CloudWatch), "
+            "a demo feed and N workers, with demo connections and a live view of the table. "
+            "Ctrl-C stops everything in order: workers first (they release their leases), "
+            "servers last."
+        ),
+    )
+    parser.add_argument(
+        "--workers", type=_count, default=DEFAULT_WORKERS, help="worker processes (default 3)"
+    )
+    parser.add_argument(
+        "--connections",
+        type=_count,
+        default=DEFAULT_CONNECTIONS,
+        help="demo connections demo-1..demo-N (default 6)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=_rate,
+        default=DEFAULT_RATE,
+        help="feed messages per second per connection (default 5; 0 = as fast as possible)",
+    )
+    parser.add_argument(
+        "--lease-seconds",
+        type=_lease_seconds,
+        default=None,
+        help="LEASE_SECONDS for the workers (default: the worker's own, 20); "
+        "e.g. 6 makes failover quick enough to watch",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=DEFAULT_STATE_DIR,
+        help="where logs and health stamps go (default: .local/ at the repository root)",
+    )
+    parser.add_argument(
+        "--no-view",
+        dest="view",
+        action="store_false",
+        help="no live table: print a one-line summary every 5 s instead",
+    )
+    parser.add_argument(
+        "--duration",
+        type=_seconds,
+        default=None,
+        help="run this many seconds once everything is up, then shut down as on Ctrl-C",
+    )
+    parser.add_argument(
+        "--base-port",
+        type=_base_port,
+        default=None,
+        help="use ports P, P+1, P+2, P+3 for DynamoDB Local, moto, the feed and the router "
+        "API instead of 8000, 5000, 8765, 8080; 0 picks four free ports",
+    )
+    args = parser.parse_args(argv)
+    return Options(
+        workers=args.workers,
+        connections=args.connections,
+        rate=args.rate,
+        lease_seconds=args.lease_seconds,
+        state_dir=args.state_dir.resolve(),
+        view=args.view,
+        duration=args.duration,
+        base_port=args.base_port,
+    )
+
+
+# --- pure helpers ----------------------------------------------------------------------
+
+
+def choose_ports(base_port: int | None) -> Ports:
+    """The fixed ports for None, four distinct free ports for 0, else P .. P+3."""
+    if base_port is None:
+        return DEFAULT_PORTS
+    if base_port == 0:
+        picked: list[int] = []
+        while len(picked) < 4:
+            port = services.free_port()
+            if port not in picked:  # the OS may hand the same one out twice
+                picked.append(port)
+        return Ports(*picked)
+    return Ports(base_port, base_port + 1, base_port + 2, base_port + 3)
+
+
+def port_unavailable(port: int) -> str | None:
+    """Why a server could not listen on ``127.0.0.1:port``, or None if it could.
+
+    Binds with SO_REUSEADDR, as the servers do, so the TIME_WAIT leftovers of a previous
+    run do not count as busy while a live listener (on any local address) does.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError as error:
+            return (
+                "already in use"
+                if error.errno == errno.EADDRINUSE
+                else (error.strerror or str(error))
+            )
+    return None
+
+
+def _number(value: float) -> str:
+    # "5" rather than "5.0" in URLs and messages; repr keeps every digit otherwise.
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+def demo_url(feed_port: int, index: int, rate: float) -> str:
+    """The upstream URL of demo connection ``index``: feed name ``demo-<index>``."""
+    return f"ws://{LOOPBACK}:{feed_port}/demo-{index}?rate={_number(rate)}"
+
+
+def local_aws_env(base: Mapping[str, str], *, ports: Ports, queue_url: str) -> dict[str, str]:
+    """``base`` (the runner's own environment) minus settings that would point boto3
+    elsewhere, plus the local endpoints, credentials, table and queue."""
+    env = {name: value for name, value in base.items() if name not in _DROPPED_ENV}
+    python_path = [str(services.REPO_ROOT), *filter(None, [base.get("PYTHONPATH")])]
+    env.update(
+        {
+            "AWS_ACCESS_KEY_ID": LOCAL_CREDENTIALS,
+            "AWS_SECRET_ACCESS_KEY": LOCAL_CREDENTIALS,
+            "AWS_DEFAULT_REGION": LOCAL_REGION,
+            "AWS_REGION": LOCAL_REGION,
+            # boto3 reads these itself; no component passes endpoint_url (DESIGN 4).
+            "AWS_ENDPOINT_URL_DYNAMODB": services.endpoint_url(ports.dynamodb),
+            "AWS_ENDPOINT_URL_SQS": services.endpoint_url(ports.moto),
+            "AWS_ENDPOINT_URL_CLOUDWATCH": services.endpoint_url(ports.moto),
+            "TABLE_NAME": TABLE_NAME,
+            "QUEUE_URL": queue_url,
+            "PYTHONPATH": os.pathsep.join(python_path),
+        }
+    )
+    return env
+
+
+def router_env(base: Mapping[str, str], *, ports: Ports, queue_url: str) -> dict[str, str]:
+    """The router's settings for local use (DESIGN 7): ``ws://`` admitted, upstreams
+    limited to the loopback feed."""
+    env = local_aws_env(base, ports=ports, queue_url=queue_url)
+    env.update(
+        {
+            "ALLOWED_UPSTREAM_HOSTS": f"{LOOPBACK},localhost",
+            "ALLOW_INSECURE_WS": "true",
+            "POWERTOOLS_SERVICE_NAME": "websocket-fleet-router",
+        }
+    )
+    return env
+
+
+def worker_env(
+    base: Mapping[str, str],
+    *,
+    worker_id: str,
+    ports: Ports,
+    queue_url: str,
+    health_file: Path,
+    lease_seconds: float | None,
+) -> dict[str, str]:
+    """The environment of one worker: the local AWS settings plus its own."""
+    env = local_aws_env(base, ports=ports, queue_url=queue_url)
+    env.update(
+        {
+            "WORKER_ID": worker_id,
+            "HEALTH_FILE": str(health_file),
+            "METRICS_INTERVAL_SECONDS": str(METRICS_INTERVAL_S),
+            "SQS_WAIT_SECONDS": str(SQS_WAIT_S),
+            # Log lines reach the file as they happen, for `tail -f`.
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    if lease_seconds is not None:
+        env["LEASE_SECONDS"] = repr(lease_seconds)
+    else:
+        env.pop("LEASE_SECONDS", None)
+    return env
+
+
+def rate_window(heartbeat_s: float) -> float:
+    """The msg/s window: long enough that a renewing owner always wrote a checkpoint
+    within it (one per heartbeat, plus slack for the refresh period), at least
+    RATE_WINDOW_MIN_S."""
+    return max(RATE_WINDOW_MIN_S, 1.5 * heartbeat_s)
+
+
+def _duration(seconds: float) -> str:
+    whole = int(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m{secs:02d}s"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def post_json(url: str, body: Mapping[str, Any]) -> tuple[int, str]:
+    """POST a JSON body; the status and the answer's text (4xx/5xx included)."""
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode(errors="replace")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def scan_items(client: DynamoDBClient, table: str) -> list[ConnectionItem]:
+    """Every item of the table (a Scan: fine for a local demo, never used in AWS)."""
+    items: list[ConnectionItem] = []
+    for page in client.get_paginator("scan").paginate(TableName=table, ConsistentRead=True):
+        items.extend(ConnectionItem.from_dynamodb(raw) for raw in page.get("Items", []))
+    return items
+
+
+def _dynamodb_client(port: int) -> DynamoDBClient:
+    return boto3.session.Session().client(
+        "dynamodb",
+        endpoint_url=services.endpoint_url(port),
+        region_name=LOCAL_REGION,
+        aws_access_key_id=LOCAL_CREDENTIALS,
+        aws_secret_access_key=LOCAL_CREDENTIALS,
+        config=_CLIENT_CONFIG,
+    )
+
+
+def _sqs_client(port: int) -> SQSClient:
+    return boto3.session.Session().client(
+        "sqs",
+        endpoint_url=services.endpoint_url(port),
+        region_name=LOCAL_REGION,
+        aws_access_key_id=LOCAL_CREDENTIALS,
+        aws_secret_access_key=LOCAL_CREDENTIALS,
+        config=_CLIENT_CONFIG,
+    )
+
+
+# --- signals ---------------------------------------------------------------------------
+
+
+class Phase(enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+
+
+def _notify(text: str) -> None:
+    # A raw write: a signal handler may run in the middle of a print() on a buffered
+    # stream, and re-entering it would raise.
+    with contextlib.suppress(OSError):
+        os.write(sys.stderr.fileno(), text.encode())
+
+
+class StopRequests:
+    """SIGINT and SIGTERM, turned into an orderly shutdown.
+
+    The handler never raises while the runner owns children it has not recorded yet, or
+    while it shuts down, so an impatient second Ctrl-C cannot leave orphans:
+
+    - starting: the first signal stops the startup after the current step; a second one
+      aborts a server's readiness wait (the only long step, and one that stops its own
+      process on any exception) with KeyboardInterrupt;
+    - running: the first signal ends the view loop;
+    - stopping: a further signal sets :attr:`hurry`: stop waiting for the workers to
+      release their leases, kill what is left and stop the servers with short timeouts.
+    """
+
+    def __init__(self) -> None:
+        self.phase = Phase.STARTING
+        self.signal: signal.Signals | None = None
+        self.hurry = False
+        self._abortable = False
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def requested(self) -> bool:
+        """Whether a stop signal has arrived (a method: the answer changes under the
+        caller's feet, which a narrowed attribute would hide from the type checker)."""
+        return self.signal is not None
+
+    def install(self) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        for signum, previous in self._previous.items():
+            # None means a handler installed from C, which Python cannot reinstate.
+            if previous is not None:
+                signal.signal(signum, previous)
+        self._previous.clear()
+
+    @contextlib.contextmanager
+    def abortable(self) -> Iterator[None]:
+        """Within this block a second signal during startup raises KeyboardInterrupt."""
+        self._abortable = True
+        try:
+            yield
+        finally:
+            self._abortable = False
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.phase is Phase.STOPPING:
+            if not self.hurry:
+                self.hurry = True
+                _notify(f"\n{name} again: not waiting any longer, killing what is left\n")
+            return
+        if self.signal is None:
+            self.signal = signal.Signals(signum)
+            if self.phase is Phase.STARTING:
+                _notify(f"\n{name}: stopping after the current startup step (again to abort it)\n")
+            return
+        if self.phase is Phase.STARTING and self._abortable:
+            raise KeyboardInterrupt
+
+
+# --- the stack -------------------------------------------------------------------------
+
+
+class LocalStack:
+    """One run: start everything, watch, shut down. Use :meth:`run` once."""
+
+    def __init__(self, options: Options, ports: Ports, stops: StopRequests) -> None:
+        self.options = options
+        self.ports = ports
+        self.stops = stops
+        self.servers: list[ManagedProcess] = []
+        """Started servers, in start order (they stop in reverse)."""
+        self.workers: list[ManagedProcess] = []
+        self.timing = timing_from_env(
+            {} if options.lease_seconds is None else {"LEASE_SECONDS": repr(options.lease_seconds)}
+        )
+        self._health_files: dict[str, Path] = {}
+        self._ddb: DynamoDBClient | None = None
+        self._sqs: SQSClient | None = None
+        self._table_ready = False
+        self._queue_url = ""
+        self._info: list[str] = []
+        self._reported_dead: set[str] = set()
+        self._stdout_open = True
+
+    # -- output
+
+    def _say(self, text: str, *, err: bool = False) -> None:
+        stream = sys.stderr if err else sys.stdout
+        if not err and not self._stdout_open:
+            return
+        try:
+            print(text, file=stream, flush=True)
+        except OSError:
+            # A closed pipe (`| head`) must not stop the shutdown half-way.
+            if not err:
+                self._stdout_open = False
+
+    def _write_raw(self, text: str) -> None:
+        if not self._stdout_open:
+            return
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except OSError:
+            self._stdout_open = False
+
+    # -- run
+
+    def run(self) -> int:
+        """Bring the stack up, watch it until asked to stop, shut it down; the exit
+        status (see the module docstring). Everything started is stopped on the way
+        out, whatever happens in between."""
+        failed = False
+        try:
+            try:
+                self._start()
+            except (StartupError, services.ServiceStartError, TimeoutError, OSError) as error:
+                hint = " (choose other ports with --base-port)" if "in use" in str(error) else ""
+                self._say(f"local stack: startup failed: {error}{hint}", err=True)
+                failed = True
+            except (BotoCoreError, ClientError) as error:
+                self._say(f"local stack: setting up the table or queue failed: {error}", err=True)
+                failed = True
+            else:
+                self.stops.phase = Phase.RUNNING
+                if not self.stops.requested():
+                    self._watch()
+        finally:
+            self.stops.phase = Phase.STOPPING
+            clean = self._shutdown()
+        return 0 if clean and not failed else 1
+
+    # -- startup
+
+    def _start(self) -> None:
+        started = time.monotonic()
+        log_dir = self.options.log_dir
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self._say(f"local stack: state in {self.options.state_dir}, logs in {log_dir}")
+
+        self._say(f"starting DynamoDB Local on {services.endpoint_url(self.ports.dynamodb)}")
+        with self.stops.abortable():
+            self.servers.append(services.start_dynamodb_local(self.ports.dynamodb, log_dir))
+        if self.stops.requested():
+            return
+        self._say(f"starting moto (SQS, CloudWatch) on {services.endpoint_url(self.ports.moto)}")
+        with self.stops.abortable():
+            self.servers.append(services.start_moto_server(self.ports.moto, log_dir))
+        if self.stops.requested():
+            return
+        self._say(f"starting the demo feed on ws://{LOOPBACK}:{self.ports.feed}")
+        with self.stops.abortable():
+            self.servers.append(services.start_feed(self.ports.feed, log_dir, self.options.rate))
+        if self.stops.requested():
+            return
+
+        self._ddb = _dynamodb_client(self.ports.dynamodb)
+        self._sqs = _sqs_client(self.ports.moto)
+        create_connection_table(self._ddb, TABLE_NAME)
+        self._table_ready = True
+        queues = create_start_queue(self._sqs, QUEUE_NAME)
+        self._queue_url = queues.queue_url
+        if self.stops.requested():
+            return
+        self._say(f"starting the router API on {self._api_url}")
+        with self.stops.abortable():
+            self.servers.append(
+                services.start_router(
+                    self.ports.api,
+                    log_dir,
+                    router_env(os.environ, ports=self.ports, queue_url=self._queue_url),
+                )
+            )
+        if self.stops.requested():
+            return
+
+        self._say(f"starting {self.options.workers} workers")
+        for index in range(1, self.options.workers + 1):
+            self._launch_worker(index)
+        self._await_workers()
+        if self.stops.requested():
+            return
+
+        self._start_demo_connections()
+        self._info = self._describe(time.monotonic() - started)
+        for line in self._info:
+            self._say(line)
+
+    def _launch_worker(self, index: int) -> None:
+        worker_id = f"local-worker-{index}"
+        health_dir = self.options.state_dir / "health"
+        health_dir.mkdir(parents=True, exist_ok=True)
+        health_file = health_dir / f"worker-{index}.alive"
+        # A stamp left by a previous run would pass for readiness.
+        health_file.unlink(missing_ok=True)
+        log_path = self.options.log_dir / f"worker-{index}.log"
+        env = worker_env(
+            os.environ,
+            worker_id=worker_id,
+            ports=self.ports,
+            queue_url=self._queue_url,
+            health_file=health_file,
+            lease_seconds=self.options.lease_seconds,
+        )
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "worker"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=services.REPO_ROOT,
+                env=env,
+                # Its own process group: a terminal Ctrl-C must not reach the workers
+                # before the runner orders the shutdown (and the servers still run).
+                start_new_session=True,
+            )
+        self.workers.append(ManagedProcess(worker_id, process, log_path))
+        self._health_files[worker_id] = health_file
+
+    def _await_workers(self) -> None:
+        """Wait until every worker's event loop has stamped its health file."""
+        deadline = time.monotonic() + WORKER_READY_TIMEOUT_S
+        pending = list(self.workers)
+        while pending and not self.stops.requested():
+            for worker in list(pending):
+                if not worker.alive():
+                    raise StartupError(
+                        f"{worker.name} exited with status {worker.process.returncode} while "
+                        f"starting; end of {worker.log_path}:\n{worker.log_tail()}"
+                    )
+                if self._health_files[worker.name].exists():
+                    pending.remove(worker)
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                names = ", ".join(worker.name for worker in pending)
+                raise StartupError(
+                    f"{names} not running after {WORKER_READY_TIMEOUT_S:g} s; "
+                    f"see {self.options.log_dir}"
+                )
+            time.sleep(_POLL_S)
+
+    @property
+    def _api_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.ports.api}"
+
+    def _start_demo_connections(self) -> None:
+        """Start demo-1..demo-N through the router's HTTP API, as a user would."""
+        for index in range(1, self.options.connections + 1):
+            if self.stops.requested():
+                return
+            connection_id = f"demo-{index}"
+            body = {
+                "connection_id": connection_id,
+                "ws_url": demo_url(self.ports.feed, index, self.options.rate),
+            }
+            status, answer = post_json(f"{self._api_url}/connections", body)
+            if status not in (200, 201):
+                raise StartupError(f"the router refused {connection_id}: {status} {answer}")
+
+    def _describe(self, startup_s: float) -> list[str]:
+        dynamodb = services.endpoint_url(self.ports.dynamodb)
+        moto = services.endpoint_url(self.ports.moto)
+        feed = f"ws://{LOOPBACK}:{self.ports.feed}"
+        lease = self.timing
+        count = self.options.connections
+        connections = (
+            "none" if count == 0 else ("demo-1" if count == 1 else f"demo-1..demo-{count}")
+        )
+        return [
+            f"local stack up in {startup_s:.1f} s",
+            # One machine-readable line: tests and scripts take the ports from here.
+            f"endpoints: dynamodb={dynamodb} sqs={moto} cloudwatch={moto} feed={feed} "
+            f"api={self._api_url}",
+            f"table: {TABLE_NAME} | queue: {self._queue_url} (DLQ {QUEUE_NAME}-dlq)",
+            f"workers: {self.options.workers} (lease {lease.lease:g} s, heartbeat "
+            f"{lease.heartbeat:g} s) | connections: {connections} at "
+            f"{_number(self.options.rate)} msg/s each",
+            f"logs: {self.options.log_dir} (worker-<i>.log, and one per server)",
+            f"inspect: aws --endpoint-url {dynamodb} --region {LOCAL_REGION} dynamodb scan "
+            f"--table-name {TABLE_NAME} (credentials {LOCAL_CREDENTIALS}/{LOCAL_CREDENTIALS})",
+            f"try: curl -s -X POST {self._api_url}/connections -d "
+            f'\'{{"ws_url": "ws://{LOOPBACK}:{self.ports.feed}/mine?rate=10"}}\'',
+            "stop: Ctrl-C (workers release their leases first, the servers stop last)",
+        ]
+
+    # -- watching
+
+    def _worker_statuses(self) -> list[fleet_view.WorkerStatus]:
+        return [fleet_view.WorkerStatus(w.name, w.process.poll()) for w in self.workers]
+
+    def _deaths(self, live: bool) -> list[str]:
+        """Notes on workers and servers that ended while the stack runs; each is
+        printed once (without a live view) and shown in every frame (with one)."""
+        notes = []
+        for process in [*self.workers, *self.servers]:
+            status = process.process.poll()
+            if status is None:
+                continue
+            note = f"! {process.name} exited unexpectedly (status {status}); see {process.log_path}"
+            notes.append(note)
+            if process.name not in self._reported_dead:
+                self._reported_dead.add(process.name)
+                if not live:
+                    self._say(note)
+        return notes
+
+    def _scan(self) -> tuple[list[ConnectionItem] | None, str]:
+        if self._ddb is None or not self._table_ready:
+            return None, "the table was never created"
+        try:
+            return scan_items(self._ddb, TABLE_NAME), ""
+        except (BotoCoreError, ClientError) as error:
+            return None, f"reading the table failed: {error}"
+
+    def _watch(self) -> None:
+        live = self.options.view and sys.stdout.isatty()
+        began = time.monotonic()
+        deadline = None if self.options.duration is None else began + self.options.duration
+        history = fleet_view.SnapshotHistory(rate_window(self.timing.heartbeat))
+        next_summary = began + SUMMARY_EVERY_S
+        if live:
+            self._write_raw("\x1b[2J")
+        while True:
+            tick = time.monotonic()
+            if self.stops.requested():
+                assert self.stops.signal is not None
+                reason = f"{self.stops.signal.name} received"
+                break
+            if deadline is not None and tick >= deadline:
+                reason = f"--duration {_number(self.options.duration or 0.0)} s elapsed"
+                break
+            notes = self._deaths(live)
+            items, error = self._scan()
+            baseline = history.baseline(tick)
+            previous, elapsed = baseline if baseline is not None else (None, 0.0)
+            if items is not None:
+                history.add(tick, fleet_view.snapshot(items))
+            statuses = self._worker_statuses()
+            if live:
+                if items is None:
+                    notes.append(f"! {error}")
+                body = (
+                    fleet_view.render(items, previous, elapsed, now_ms(), statuses)
+                    if items is not None
+                    else ""
+                )
+                self._draw(tick - began, notes, body)
+            elif tick >= next_summary:
+                next_summary += SUMMARY_EVERY_S
+                if items is None:
+                    self._say(f"! {error}")
+                else:
+                    up = _duration(tick - began)
+                    line = fleet_view.summary_line(items, previous, elapsed, now_ms(), statuses)
+                    self._say(f"[{up}] {line}")
+            wake = tick + REFRESH_S if deadline is None else min(tick + REFRESH_S, deadline)
+            while not self.stops.requested() and time.monotonic() < wake:
+                time.sleep(min(_POLL_S * 2, max(0.0, wake - time.monotonic())))
+        self._say(f"stopping: {reason}")
+
+    def _draw(self, uptime_s: float, notes: list[str], body: str) -> None:
+        title = (
+            f"websocket fleet, local | up {_duration(uptime_s)} | table {TABLE_NAME} | "
+            f"refresh {REFRESH_S:g} s | Ctrl-C to stop"
+        )
+        frame = "\n".join([title, *self._info[1:], "", *notes, body])
+        size = shutil.get_terminal_size()
+        # A pseudo-terminal nobody sized reports 0 x 0: draw uncut rather than nothing.
+        columns = size.columns if size.columns > 0 else 1000
+        rows = size.lines if size.lines > 0 else 1000
+        # One row short of the terminal: the cursor rests on the line after the frame, and
+        # a frame as tall as the screen would scroll it and break the redraw in place.
+        fitted = fleet_view.fit(frame, columns, rows - 1)
+        # Home, rewrite each line clearing its old tail, clear below: no flicker.
+        lines = "".join(f"{line}\x1b[K\n" for line in fitted.split("\n"))
+        self._write_raw(f"\x1b[H{lines}\x1b[J")
+
+    # -- shutdown
+
+    def _shutdown(self) -> bool:
+        """DESIGN 7: workers first (they release their leases), servers last. Returns
+        whether it was clean. Never raises before every server has been told to stop."""
+        clean = True
+        try:
+            clean = self._stop_workers()
+            if self._table_ready and self.workers:
+                clean = self._report_leases() and clean
+        finally:
+            for server in reversed(self.servers):
+                clean = self._stop_server(server) and clean
+            for client in (self._ddb, self._sqs):
+                if client is not None:
+                    client.close()
+        if self.servers or self.workers:
+            self._say("local stack stopped" + ("" if clean else " (not cleanly: see above)"))
+        return clean
+
+    def _stop_workers(self) -> bool:
+        for worker in self.workers:
+            if not worker.alive():
+                self._say(
+                    f"{worker.name} had already exited (status {worker.process.returncode}); "
+                    f"see {worker.log_path}"
+                )
+        running = [worker for worker in self.workers if worker.alive()]
+        if not running:
+            return True
+        bound = max(WORKER_STOP_TIMEOUT_S, self.timing.lease + 10.0)
+        self._say(
+            f"stopping {len(running)} workers: SIGTERM, then they release their leases with "
+            f"final checkpoints (up to {bound:g} s; Ctrl-C again to kill them now)"
+        )
+        began = time.monotonic()
+        for worker in running:
+            _signal_group(worker, signal.SIGTERM)
+        deadline = began + bound
+        pending = list(running)
+        while pending and not self.stops.hurry and time.monotonic() < deadline:
+            pending = [worker for worker in pending if worker.alive()]
+            if pending:
+                time.sleep(_POLL_S)
+        clean = True
+        if pending:
+            clean = False
+            why = "interrupted again" if self.stops.hurry else f"still running after {bound:g} s"
+            names = ", ".join(worker.name for worker in pending)
+            self._say(f"{why}: SIGKILL to {names} (their leases lapse on their own)")
+            for worker in pending:
+                _signal_group(worker, signal.SIGKILL)
+            for worker in pending:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    worker.process.wait(timeout=5.0)
+        statuses = ", ".join(f"{w.name}={w.process.returncode}" for w in running)
+        self._say(f"workers stopped in {time.monotonic() - began:.1f} s (exit status: {statuses})")
+        return clean and all(worker.process.returncode == 0 for worker in running)
+
+    def _report_leases(self) -> bool:
+        items, error = self._scan()
+        if items is None:
+            self._say(f"leases still held: unknown ({error})")
+            return False
+        statuses = self._worker_statuses()
+        self._say(
+            f"after shutdown: {fleet_view.summary_line(items, None, 0.0, now_ms(), statuses)}"
+        )
+        held = [item for item in items if item.lease_owner is not None]
+        detail = ", ".join(f"{item.connection_id} by {item.lease_owner}" for item in held)
+        self._say(f"leases still held: {len(held)}" + (f" ({detail})" if detail else ""))
+        return not held
+
+    def _stop_server(self, server: ManagedProcess) -> bool:
+        timeout = 2.0 if self.stops.hurry else 10.0
+        try:
+            status = server.stop(timeout=timeout)
+        except Exception as error:
+            self._say(f"stopping {server.name} failed: {error!r}", err=True)
+            return False
+        if status is None:
+            self._say(f"{server.name} survived SIGKILL (pid {server.process.pid})", err=True)
+            return False
+        self._say(f"stopped {server.name}")
+        return True
+
+
+def _signal_group(process: ManagedProcess, sig: signal.Signals) -> None:
+    # Each worker leads its own process group (start_new_session). Only signal while the
+    # child is unreaped, so its pid cannot have been reused.
+    if process.process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.process.pid, sig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m local_stack``; returns the exit status (see the module docstring)."""
+    options = parse_args(argv)
+    ports = choose_ports(options.base_port)
+    for port, what in ports.described():
+        reason = port_unavailable(port)
+        if reason is not None:
+            print(
+                f"local stack: port {LOOPBACK}:{port} for {what} is not available ({reason}). "
+                "Stop whatever uses it, or choose other ports with --base-port P "
+                "(P .. P+3 for DynamoDB Local, moto, the feed and the router API; "
+                "--base-port 0 picks "
+                "free ones).",
+                file=sys.stderr,
+            )
+            return 1
+    stops = StopRequests()
+    stops.install()
+    try:
+        return LocalStack(options, ports, stops).run()
+    except KeyboardInterrupt:
+        # A second signal aborted a server's startup: that server stopped itself, and the
+        # shutdown above stopped everything started before it.
+        print("local stack: startup aborted; nothing is left running", file=sys.stderr)
+        return 130
+    finally:
+        stops.restore()
