@@ -29,25 +29,18 @@ itself fail the run: killing workers to watch the failover is part of the demo.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import enum
-import errno
 import json
-import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any, Final
 
 import boto3
@@ -55,21 +48,30 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from local_stack import fleet_view, services
+from local_stack.options import (
+    Options,
+    Ports,
+    choose_ports,
+    parse_args,
+    port_unavailable,
+)
+from local_stack.process_env import (
+    QUEUE_NAME,
+    TABLE_NAME,
+    demo_url,
+    format_number,
+    router_env,
+    worker_env,
+)
 from local_stack.resources import create_connection_table, create_start_queue
 from local_stack.services import LOCAL_CREDENTIALS, LOCAL_REGION, LOOPBACK, ManagedProcess
-from worker.config import ConfigError, timing_from_env
+from local_stack.stop_requests import Phase, StopRequests
+from worker.config import timing_from_env
 from wsfleet.item import ConnectionItem
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_sqs import SQSClient
-
-TABLE_NAME: Final = "connections"
-QUEUE_NAME: Final = "websocket-fleet-starts"
-DEFAULT_STATE_DIR: Final = services.REPO_ROOT / ".local"
-DEFAULT_WORKERS: Final = 3
-DEFAULT_CONNECTIONS: Final = 6
-DEFAULT_RATE: Final = 5.0
 
 #: How often the view reads the table and redraws.
 REFRESH_S: Final = 1.0
@@ -82,20 +84,6 @@ WORKER_READY_TIMEOUT_S: Final = 30.0
 #: Least time workers get to release their leases after SIGTERM before SIGKILL. A
 #: worker's own shutdown is bounded by one lease (DESIGN 4), so longer leases get more.
 WORKER_STOP_TIMEOUT_S: Final = 30.0
-#: Worker settings the runner always sets: metrics every 10 s keep the logs readable,
-#: and a short SQS long poll makes a worker's shutdown quick.
-METRICS_INTERVAL_S: Final = 10
-SQS_WAIT_S: Final = 2
-#: Environment the workers must not inherit: a profile the runner never configured
-#: would make boto3 fail or pick other credentials, and a global endpoint override
-#: would compete with the per-service ones set below.
-_DROPPED_ENV: Final = (
-    "AWS_PROFILE",
-    "AWS_DEFAULT_PROFILE",
-    "AWS_SESSION_TOKEN",
-    "AWS_SECURITY_TOKEN",
-    "AWS_ENDPOINT_URL",
-)
 # Clients of the local servers fail fast: a dead server must not freeze the view.
 _CLIENT_CONFIG = Config(
     connect_timeout=1, read_timeout=5, retries={"max_attempts": 2, "mode": "standard"}
@@ -108,281 +96,6 @@ class StartupError(RuntimeError):
 
 
 # --- options ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Ports:
-    """Loopback ports of the four servers."""
-
-    dynamodb: int
-    moto: int
-    feed: int
-    api: int
-
-    def described(self) -> list[tuple[int, str]]:
-        return [
-            (self.dynamodb, "DynamoDB Local"),
-            (self.moto, "moto (SQS, CloudWatch)"),
-            (self.feed, "the demo feed"),
-            (self.api, "the router API"),
-        ]
-
-
-DEFAULT_PORTS: Final = Ports(dynamodb=8000, moto=5000, feed=8765, api=8080)
-
-
-@dataclass(frozen=True, slots=True)
-class Options:
-    """The command line, validated."""
-
-    workers: int = DEFAULT_WORKERS
-    connections: int = DEFAULT_CONNECTIONS
-    rate: float = DEFAULT_RATE
-    lease_seconds: float | None = None
-    """None: the worker's own default (20 s)."""
-    state_dir: Path = DEFAULT_STATE_DIR
-    view: bool = True
-    duration: float | None = None
-    base_port: int | None = None
-    """None: the fixed ports; 0: four free ports; P: P, P+1, P+2, P+3."""
-
-    @property
-    def log_dir(self) -> Path:
-        return self.state_dir / "logs"
-
-
-def _count(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {raw!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _finite(raw: str, *, minimum: float, inclusive: bool) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {raw!r}") from None
-    if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
-        bound = ">=" if inclusive else ">"
-        raise argparse.ArgumentTypeError(
-            f"must be a finite number {bound} {minimum:g}, got {raw!r}"
-        )
-    return value
-
-
-def _rate(raw: str) -> float:
-    return _finite(raw, minimum=0.0, inclusive=True)
-
-
-def _seconds(raw: str) -> float:
-    return _finite(raw, minimum=0.0, inclusive=False)
-
-
-def _lease_seconds(raw: str) -> float:
-    value = _seconds(raw)
-    # The same validation the workers apply at start, so a bad value fails here and not
-    # as N workers exiting with a configuration error.
-    try:
-        timing_from_env({"LEASE_SECONDS": repr(value)})
-    except ConfigError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return value
-
-
-def _base_port(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {raw!r}") from None
-    if value != 0 and not 1 <= value <= 65535 - 3:
-        raise argparse.ArgumentTypeError(f"must be 0 or 1..65532 (P+3 must be a port), got {value}")
-    return value
-
-
-def parse_args(argv: Sequence[str] | None = None) -> Options:
-    """Parse the command line; argparse exits with status 2 on bad input."""
-    parser = argparse.ArgumentParser(
-        prog="python -m local_stack",
-        description=(
-            "Run the WebSocket worker fleet locally: DynamoDB Local, moto (SQS, CloudWatch), "
-            "a demo feed and N workers, with demo connections and a live view of the table. "
-            "Ctrl-C stops everything in order: workers first (they release their leases), "
-            "servers last."
-        ),
-    )
-    parser.add_argument(
-        "--workers", type=_count, default=DEFAULT_WORKERS, help="worker processes (default 3)"
-    )
-    parser.add_argument(
-        "--connections",
-        type=_count,
-        default=DEFAULT_CONNECTIONS,
-        help="demo connections demo-1..demo-N (default 6)",
-    )
-    parser.add_argument(
-        "--rate",
-        type=_rate,
-        default=DEFAULT_RATE,
-        help="feed messages per second per connection (default 5; 0 = as fast as possible)",
-    )
-    parser.add_argument(
-        "--lease-seconds",
-        type=_lease_seconds,
-        default=None,
-        help="LEASE_SECONDS for the workers (default: the worker's own, 20); "
-        "e.g. 6 makes failover quick enough to watch",
-    )
-    parser.add_argument(
-        "--state-dir",
-        type=Path,
-        default=DEFAULT_STATE_DIR,
-        help="where logs and health stamps go (default: .local/ at the repository root)",
-    )
-    parser.add_argument(
-        "--no-view",
-        dest="view",
-        action="store_false",
-        help="no live table: print a one-line summary every 5 s instead",
-    )
-    parser.add_argument(
-        "--duration",
-        type=_seconds,
-        default=None,
-        help="run this many seconds once everything is up, then shut down as on Ctrl-C",
-    )
-    parser.add_argument(
-        "--base-port",
-        type=_base_port,
-        default=None,
-        help="use ports P, P+1, P+2, P+3 for DynamoDB Local, moto, the feed and the router "
-        "API instead of 8000, 5000, 8765, 8080; 0 picks four free ports",
-    )
-    args = parser.parse_args(argv)
-    return Options(
-        workers=args.workers,
-        connections=args.connections,
-        rate=args.rate,
-        lease_seconds=args.lease_seconds,
-        state_dir=args.state_dir.resolve(),
-        view=args.view,
-        duration=args.duration,
-        base_port=args.base_port,
-    )
-
-
-# --- pure helpers ----------------------------------------------------------------------
-
-
-def choose_ports(base_port: int | None) -> Ports:
-    """The fixed ports for None, four distinct free ports for 0, else P .. P+3."""
-    if base_port is None:
-        return DEFAULT_PORTS
-    if base_port == 0:
-        picked: list[int] = []
-        while len(picked) < 4:
-            port = services.free_port()
-            if port not in picked:  # the OS may hand the same one out twice
-                picked.append(port)
-        return Ports(*picked)
-    return Ports(base_port, base_port + 1, base_port + 2, base_port + 3)
-
-
-def port_unavailable(port: int) -> str | None:
-    """Why a server could not listen on ``127.0.0.1:port``, or None if it could.
-
-    Binds with SO_REUSEADDR, as the servers do, so the TIME_WAIT leftovers of a previous
-    run do not count as busy while a live listener (on any local address) does.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((LOOPBACK, port))
-        except OSError as error:
-            return (
-                "already in use"
-                if error.errno == errno.EADDRINUSE
-                else (error.strerror or str(error))
-            )
-    return None
-
-
-def _number(value: float) -> str:
-    # "5" rather than "5.0" in URLs and messages; repr keeps every digit otherwise.
-    return str(int(value)) if value.is_integer() else repr(value)
-
-
-def demo_url(feed_port: int, index: int, rate: float) -> str:
-    """The upstream URL of demo connection ``index``: feed name ``demo-<index>``."""
-    return f"ws://{LOOPBACK}:{feed_port}/demo-{index}?rate={_number(rate)}"
-
-
-def local_aws_env(base: Mapping[str, str], *, ports: Ports, queue_url: str) -> dict[str, str]:
-    """``base`` (the runner's own environment) minus settings that would point boto3
-    elsewhere, plus the local endpoints, credentials, table and queue."""
-    env = {name: value for name, value in base.items() if name not in _DROPPED_ENV}
-    python_path = [str(services.REPO_ROOT), *filter(None, [base.get("PYTHONPATH")])]
-    env.update(
-        {
-            "AWS_ACCESS_KEY_ID": LOCAL_CREDENTIALS,
-            "AWS_SECRET_ACCESS_KEY": LOCAL_CREDENTIALS,
-            "AWS_DEFAULT_REGION": LOCAL_REGION,
-            "AWS_REGION": LOCAL_REGION,
-            # boto3 reads these itself; no component passes endpoint_url (DESIGN 4).
-            "AWS_ENDPOINT_URL_DYNAMODB": services.endpoint_url(ports.dynamodb),
-            "AWS_ENDPOINT_URL_SQS": services.endpoint_url(ports.moto),
-            "AWS_ENDPOINT_URL_CLOUDWATCH": services.endpoint_url(ports.moto),
-            "TABLE_NAME": TABLE_NAME,
-            "QUEUE_URL": queue_url,
-            "PYTHONPATH": os.pathsep.join(python_path),
-        }
-    )
-    return env
-
-
-def router_env(base: Mapping[str, str], *, ports: Ports, queue_url: str) -> dict[str, str]:
-    """The router's settings for local use (DESIGN 7): ``ws://`` admitted, upstreams
-    limited to the loopback feed."""
-    env = local_aws_env(base, ports=ports, queue_url=queue_url)
-    env.update(
-        {
-            "ALLOWED_UPSTREAM_HOSTS": f"{LOOPBACK},localhost",
-            "ALLOW_INSECURE_WS": "true",
-            "POWERTOOLS_SERVICE_NAME": "websocket-fleet-router",
-        }
-    )
-    return env
-
-
-def worker_env(
-    base: Mapping[str, str],
-    *,
-    worker_id: str,
-    ports: Ports,
-    queue_url: str,
-    health_file: Path,
-    lease_seconds: float | None,
-) -> dict[str, str]:
-    """The environment of one worker: the local AWS settings plus its own."""
-    env = local_aws_env(base, ports=ports, queue_url=queue_url)
-    env.update(
-        {
-            "WORKER_ID": worker_id,
-            "HEALTH_FILE": str(health_file),
-            "METRICS_INTERVAL_SECONDS": str(METRICS_INTERVAL_S),
-            "SQS_WAIT_SECONDS": str(SQS_WAIT_S),
-            # Log lines reach the file as they happen, for `tail -f`.
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    if lease_seconds is not None:
-        env["LEASE_SECONDS"] = repr(lease_seconds)
-    else:
-        env.pop("LEASE_SECONDS", None)
-    return env
 
 
 def rate_window(heartbeat_s: float) -> float:
@@ -448,84 +161,6 @@ def _sqs_client(port: int) -> SQSClient:
         aws_secret_access_key=LOCAL_CREDENTIALS,
         config=_CLIENT_CONFIG,
     )
-
-
-# --- signals ---------------------------------------------------------------------------
-
-
-class Phase(enum.Enum):
-    STARTING = "starting"
-    RUNNING = "running"
-    STOPPING = "stopping"
-
-
-def _notify(text: str) -> None:
-    # A raw write: a signal handler may run in the middle of a print() on a buffered
-    # stream, and re-entering it would raise.
-    with contextlib.suppress(OSError):
-        os.write(sys.stderr.fileno(), text.encode())
-
-
-class StopRequests:
-    """SIGINT and SIGTERM, turned into an orderly shutdown.
-
-    The handler never raises while the runner owns children it has not recorded yet, or
-    while it shuts down, so an impatient second Ctrl-C cannot leave orphans:
-
-    - starting: the first signal stops the startup after the current step; a second one
-      aborts a server's readiness wait (the only long step, and one that stops its own
-      process on any exception) with KeyboardInterrupt;
-    - running: the first signal ends the view loop;
-    - stopping: a further signal sets :attr:`hurry`: stop waiting for the workers to
-      release their leases, kill what is left and stop the servers with short timeouts.
-    """
-
-    def __init__(self) -> None:
-        self.phase = Phase.STARTING
-        self.signal: signal.Signals | None = None
-        self.hurry = False
-        self._abortable = False
-        self._previous: dict[signal.Signals, Any] = {}
-
-    def requested(self) -> bool:
-        """Whether a stop signal has arrived (a method: the answer changes under the
-        caller's feet, which a narrowed attribute would hide from the type checker)."""
-        return self.signal is not None
-
-    def install(self) -> None:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            self._previous[signum] = signal.signal(signum, self._handle)
-
-    def restore(self) -> None:
-        for signum, previous in self._previous.items():
-            # None means a handler installed from C, which Python cannot reinstate.
-            if previous is not None:
-                signal.signal(signum, previous)
-        self._previous.clear()
-
-    @contextlib.contextmanager
-    def abortable(self) -> Iterator[None]:
-        """Within this block a second signal during startup raises KeyboardInterrupt."""
-        self._abortable = True
-        try:
-            yield
-        finally:
-            self._abortable = False
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        name = signal.Signals(signum).name
-        if self.phase is Phase.STOPPING:
-            if not self.hurry:
-                self.hurry = True
-                _notify(f"\n{name} again: not waiting any longer, killing what is left\n")
-            return
-        if self.signal is None:
-            self.signal = signal.Signals(signum)
-            if self.phase is Phase.STARTING:
-                _notify(f"\n{name}: stopping after the current startup step (again to abort it)\n")
-            return
-        if self.phase is Phase.STARTING and self._abortable:
-            raise KeyboardInterrupt
 
 
 # --- the stack -------------------------------------------------------------------------
@@ -746,7 +381,7 @@ class LocalStack:
             f"table: {TABLE_NAME} | queue: {self._queue_url} (DLQ {QUEUE_NAME}-dlq)",
             f"workers: {self.options.workers} (lease {lease.lease:g} s, heartbeat "
             f"{lease.heartbeat:g} s) | connections: {connections} at "
-            f"{_number(self.options.rate)} msg/s each",
+            f"{format_number(self.options.rate)} msg/s each",
             f"logs: {self.options.log_dir} (worker-<i>.log, and one per server)",
             f"inspect: aws --endpoint-url {dynamodb} --region {LOCAL_REGION} dynamodb scan "
             f"--table-name {TABLE_NAME} (credentials {LOCAL_CREDENTIALS}/{LOCAL_CREDENTIALS})",
@@ -799,7 +434,7 @@ class LocalStack:
                 reason = f"{self.stops.signal.name} received"
                 break
             if deadline is not None and tick >= deadline:
-                reason = f"--duration {_number(self.options.duration or 0.0)} s elapsed"
+                reason = f"--duration {format_number(self.options.duration or 0.0)} s elapsed"
                 break
             notes = self._deaths(live)
             items, error = self._scan()
