@@ -88,22 +88,64 @@ def http_event(
     return event
 
 
+_SERVER_ERRORS = {
+    501: (405, "method_not_allowed"),
+    505: (400, "invalid_request"),
+    414: (414, "uri_too_long"),
+    431: (431, "headers_too_large"),
+}
+
+
+class _RouterHTTPServer(ThreadingHTTPServer):
+    # A burst of clients must queue, not be reset (the default backlog is 5).
+    request_queue_size = 128
+    daemon_threads = True
+
+
 def _make_request_handler(handler: LambdaHandler) -> type[BaseHTTPRequestHandler]:
     class RequestHandler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "websocket-fleet-local-api"
 
-        def _serve(self) -> None:
+        def _read_body(self) -> bytes | None:
+            """The request body (Content-Length or chunked); None after answering an
+            error for a body that cannot be read or is too large."""
+            if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                return self._read_chunked()
             length_header = self.headers.get("Content-Length", "0") or "0"
             try:
                 length = int(length_header)
             except ValueError:
                 self._reply(400, {"error": "invalid_request", "message": "bad Content-Length"})
-                return
+                return None
             if length < 0 or length > MAX_REQUEST_BYTES:
                 self._reply(413, {"error": "body_too_large", "message": "request too large"})
+                return None
+            return self.rfile.read(length) if length else b""
+
+        def _read_chunked(self) -> bytes | None:
+            body = bytearray()
+            while True:
+                size_line = self.rfile.readline(1024).split(b";", 1)[0].strip()
+                try:
+                    size = int(size_line, 16)
+                except ValueError:
+                    self._reply(400, {"error": "invalid_request", "message": "bad chunk size"})
+                    return None
+                if size < 0 or len(body) + size > MAX_REQUEST_BYTES:
+                    self._reply(413, {"error": "body_too_large", "message": "request too large"})
+                    return None
+                if size == 0:
+                    while self.rfile.readline(1024).strip():  # trailers
+                        pass
+                    return bytes(body)
+                body += self.rfile.read(size)
+                self.rfile.readline(1024)  # the CRLF after each chunk
+
+        def _serve(self) -> None:
+            body = self._read_body()
+            if body is None:
                 return
-            body = self.rfile.read(length) if length else b""
             event = http_event(
                 self.command, self.path, dict(self.headers.items()), body, self.client_address[0]
             )
@@ -123,7 +165,21 @@ def _make_request_handler(handler: LambdaHandler) -> type[BaseHTTPRequestHandler
                     self.send_header(name, str(value))
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
-            self.wfile.write(payload)
+            if self.command != "HEAD":
+                self.wfile.write(payload)
+
+        def send_error(
+            self, code: int, message: str | None = None, explain: str | None = None
+        ) -> None:
+            """http.server's own refusals (unknown method, bad request line, URI too
+            long) as the API's JSON errors, never an HTML page or a 5xx."""
+            # A request line that failed to parse leaves HTTP/0.9 behind, which would
+            # send the body without a status line.
+            self.request_version = "HTTP/1.1"
+            status, error = _SERVER_ERRORS.get(
+                code, (code if code < 500 else 400, "invalid_request")
+            )
+            self._reply(status, {"error": error, "message": message or "invalid request"})
 
         def _reply(self, status: int, body: dict[str, str]) -> None:
             payload = json.dumps(body).encode()
@@ -132,7 +188,8 @@ def _make_request_handler(handler: LambdaHandler) -> type[BaseHTTPRequestHandler
             self.send_header("Content-Length", str(len(payload)))
             self.send_header("Connection", "close")
             self.end_headers()
-            self.wfile.write(payload)
+            if self.command != "HEAD":
+                self.wfile.write(payload)
             self.close_connection = True
 
         do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = do_HEAD = do_OPTIONS = _serve  # noqa: N815
@@ -151,8 +208,7 @@ def serve_router(
         from lambdas.router.main import handler as router_handler
 
         handler = router_handler
-    server = ThreadingHTTPServer((host, port), _make_request_handler(handler))
-    server.daemon_threads = True
+    server = _RouterHTTPServer((host, port), _make_request_handler(handler))
     thread = threading.Thread(target=server.serve_forever, name="local-api", daemon=True)
     thread.start()
     return server, thread

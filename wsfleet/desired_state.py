@@ -42,6 +42,11 @@ class StartResult:
     """The item before the write (None for a new connection)."""
 
 
+class StartContendedError(RuntimeError):
+    """Concurrent starts and stops of the same id kept changing the item between our
+    writes; nothing was written by this call. Retrying later is safe."""
+
+
 class StopOutcome(enum.Enum):
     STOPPED = "stopped"
     NOT_FOUND = "not_found"
@@ -169,7 +174,7 @@ class DesiredStateStore:
                 continue
             outcome = StartOutcome.CREATED if old is None else StartOutcome.RESTARTED
             return StartResult(outcome, old)
-        raise RuntimeError(f"start of {connection_id!r} kept racing with other writes")
+        raise StartContendedError(f"start of {connection_id} kept racing with other writes")
 
     def stop(self, connection_id: str, now_ms: int) -> StopOutcome:
         try:

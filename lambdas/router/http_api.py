@@ -10,17 +10,28 @@ import base64
 import binascii
 import json
 import logging
+import threading
 from collections.abc import Callable
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
 from aws_lambda_powertools.event_handler.api_gateway import Router
-from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.exceptions import (
+    RequestUnsupportedContentType,
+    RequestValidationError,
+)
 from aws_lambda_powertools.event_handler.openapi.params import Query
+from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from lambdas.router.listing import InvalidTokenError
-from lambdas.router.models import StartRequest
+from lambdas.router.models import (
+    ConnectionPage,
+    ConnectionView,
+    ErrorBody,
+    StartedConnection,
+    StartRequest,
+)
 from lambdas.router.service import (
     ConnectionConflictError,
     ConnectionNotFoundError,
@@ -28,12 +39,14 @@ from lambdas.router.service import (
 )
 from lambdas.router.url_policy import UrlRefusedError
 from lambdas.router.views import connection_view
-from wsfleet.desired_state import StartOutcome
+from wsfleet.desired_state import StartContendedError, StartOutcome
 from wsfleet.schema import DESIRED_STATES, is_valid_connection_id
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 1024
+MAX_JSON_DEPTH = 32
+"""Levels of objects and arrays in a request body (metadata itself allows 16)."""
 DEFAULT_PAGE = 50
 MAX_PAGE = 100
 
@@ -55,7 +68,11 @@ def _json(status: int, body: dict[str, Any]) -> Response[str]:
 
 
 def _service() -> ConnectionService:
-    service: ConnectionService = connections.context["service"]
+    # Not the router's Powertools context: that follows whichever resolver included
+    # the router last (building another one, for the OpenAPI document, would strand it).
+    service = _serving.get("service")
+    if service is None:
+        raise RuntimeError("routes run only inside handle_http")
     return service
 
 
@@ -73,7 +90,28 @@ class _BadRequestError(ValueError):
         self.code = code
 
 
-@connections.post("/connections")
+def _answer(description: str, model: type[Any]) -> OpenAPIResponse:
+    return {
+        "description": description,
+        "content": {content_types.APPLICATION_JSON: {"model": model}},
+    }
+
+
+_REFUSED = _answer("refused: invalid input", ErrorBody)
+_NOT_FOUND = _answer("no such connection", ErrorBody)
+
+
+@connections.post(
+    "/connections",
+    summary="Start a connection (idempotent)",
+    responses={
+        201: _answer("created, or restarted from STOPPED", StartedConnection),
+        200: _answer("already STARTED with this ws_url", StartedConnection),
+        400: _REFUSED,
+        409: _answer("STARTED with another ws_url: stop it first", ErrorBody),
+        413: _answer("body over 16 KB", ErrorBody),
+    },
+)
 def start_connection(request: StartRequest) -> Response[str]:
     service = _service()
     started = service.start(request.connection_id, request.ws_url, request.metadata)
@@ -82,21 +120,37 @@ def start_connection(request: StartRequest) -> Response[str]:
     return _json(status, {**view, "outcome": started.outcome.value})
 
 
-@connections.get("/connections/<connection_id>")
+@connections.get(
+    "/connections/<connection_id>",
+    summary="Show one connection",
+    responses={200: _answer("the connection", ConnectionView), 400: _REFUSED, 404: _NOT_FOUND},
+)
 def get_connection(connection_id: str) -> Response[str]:
     service = _service()
     item = service.get(_checked_id(connection_id))
     return _json(200, connection_view(item, service.now_ms()))
 
 
-@connections.delete("/connections/<connection_id>")
+@connections.delete(
+    "/connections/<connection_id>",
+    summary="Stop a connection (idempotent)",
+    responses={
+        202: _answer("STOPPED; the owner closes it within one heartbeat", ConnectionView),
+        400: _REFUSED,
+        404: _NOT_FOUND,
+    },
+)
 def stop_connection(connection_id: str) -> Response[str]:
     service = _service()
     item = service.stop(_checked_id(connection_id))
     return _json(202, connection_view(item, service.now_ms()))
 
 
-@connections.get("/connections")
+@connections.get(
+    "/connections",
+    summary="List connections, a page at a time",
+    responses={200: _answer("one page", ConnectionPage), 400: _REFUSED},
+)
 def list_connections(
     state: Annotated[str | None, Query(description="STARTED or STOPPED")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
@@ -119,6 +173,10 @@ def list_connections(
 def build_resolver() -> APIGatewayHttpResolver:
     app = APIGatewayHttpResolver(enable_validation=True)
     app.include_router(connections)
+
+    @app.exception_handler(RequestUnsupportedContentType)
+    def unsupported_type(exc: RequestUnsupportedContentType) -> Response[str]:
+        return error(415, "unsupported_media_type", "bodies are JSON")
 
     @app.exception_handler(RequestValidationError)
     def invalid_request(exc: RequestValidationError) -> Response[str]:
@@ -144,11 +202,38 @@ def build_resolver() -> APIGatewayHttpResolver:
     def conflict(exc: ConnectionConflictError) -> Response[str]:
         return error(409, "conflict", str(exc))
 
+    @app.exception_handler(StartContendedError)
+    def contended(exc: StartContendedError) -> Response[str]:
+        return error(409, "concurrent_change", f"{exc}; nothing was changed, retry")
+
     @app.not_found
     def no_route(exc: Exception) -> Response[str]:
         return error(404, "no_such_route", "no such route")
 
     return app
+
+
+OPENAPI_TITLE = "websocket-fleet router"
+_POWERTOOLS_ONLY_SCHEMAS = ("HTTPValidationError", "ValidationError", "ResponseValidationError")
+
+
+def openapi_document(version: str) -> dict[str, Any]:
+    """The OpenAPI document of these routes, generated by Powertools from the code.
+
+    Powertools lists its own 422 answer on every validated route; this API refuses
+    invalid input with 400 and an ``ErrorBody`` instead, so those entries (and the
+    schemas only they use) are left out.
+    """
+    document: dict[str, Any] = json.loads(
+        build_resolver().get_openapi_json_schema(title=OPENAPI_TITLE, version=version)
+    )
+    for operations in document.get("paths", {}).values():
+        for operation in operations.values():
+            operation.get("responses", {}).pop("422", None)
+    schemas = document.get("components", {}).get("schemas", {})
+    for name in _POWERTOOLS_ONLY_SCHEMAS:
+        schemas.pop(name, None)
+    return document
 
 
 def _describe(errors: Any) -> str:
@@ -163,7 +248,9 @@ def _describe(errors: Any) -> str:
 
 
 def precheck(event: dict[str, Any]) -> Response[str] | None:
-    """Refusals decided before routing: oversized or undecodable bodies."""
+    """Refusals decided before routing: oversized or undecodable bodies, and JSON the
+    resolver's own parsing would fail on with an error of its own (nesting past the
+    recursion limit, integers past Python's digit limit)."""
     body = event.get("body")
     if body is None:
         return None
@@ -182,10 +269,48 @@ def precheck(event: dict[str, Any]) -> Response[str] | None:
     if len(raw) > MAX_BODY_BYTES:
         return error(413, "body_too_large", f"bodies are limited to {MAX_BODY_BYTES} bytes")
     try:
-        raw.decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         return error(400, "invalid_body", "body is not UTF-8")
+    if _method(event) == "POST" and text.strip():
+        try:
+            parsed = json.loads(text)
+        except (ValueError, RecursionError):
+            return error(400, "invalid_json", "body is not valid JSON")
+        if _depth(parsed) > MAX_JSON_DEPTH:
+            return error(400, "invalid_json", f"body nests deeper than {MAX_JSON_DEPTH} levels")
     return None
+
+
+def _method(event: dict[str, Any]) -> str:
+    http = event.get("requestContext", {}).get("http", {})
+    method = http.get("method") if isinstance(http, dict) else None
+    return method.upper() if isinstance(method, str) else ""
+
+
+def _depth(value: Any) -> int:
+    """Levels of objects and arrays in a parsed JSON value (iterative: no recursion)."""
+    deepest = 0
+    pending = [(value, 1)]
+    while pending:
+        node, depth = pending.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, depth)
+            children = node.values() if isinstance(node, dict) else node
+            pending.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _as_json_request(event: dict[str, Any]) -> dict[str, Any]:
+    """The event with its body declared as JSON, whatever the client said: the API
+    speaks only JSON, and ``curl -d`` sends ``application/x-www-form-urlencoded``."""
+    headers = event.get("headers")
+    kept = (
+        {k: v for k, v in headers.items() if str(k).lower() != "content-type"}
+        if isinstance(headers, dict)
+        else {}
+    )
+    return {**event, "headers": {**kept, "content-type": content_types.APPLICATION_JSON}}
 
 
 def handle_http(
@@ -194,12 +319,16 @@ def handle_http(
     refused = precheck(event)
     if refused is not None:
         return _render(refused)
-    app = _resolver()
-    app.append_context(service=service_factory())
-    try:
-        return app.resolve(event, context)
-    finally:
-        app.clear_context()
+    service = service_factory()
+    # Powertools keeps the request being resolved in class attributes (shared by every
+    # resolver), so two threads must never resolve at once. Lambda sends one request
+    # at a time; the local HTTP adapter serves several threads.
+    with _resolving:
+        _serving["service"] = service
+        try:
+            return _resolver().resolve(_as_json_request(event), context)
+        finally:
+            _serving.clear()
 
 
 def _render(response: Response[str]) -> dict[str, Any]:
@@ -212,6 +341,9 @@ def _render(response: Response[str]) -> dict[str, Any]:
 
 
 _app: APIGatewayHttpResolver | None = None
+_resolving = threading.Lock()
+_serving: dict[str, ConnectionService] = {}
+"""The service of the request being resolved (one at a time, under ``_resolving``)."""
 
 
 def _resolver() -> APIGatewayHttpResolver:

@@ -5,13 +5,20 @@ from __future__ import annotations
 import json
 import math
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from wsfleet.schema import CONNECTION_ID_PATTERN
 
 MAX_METADATA_BYTES = 4096
+MAX_METADATA_DEPTH = 16
+"""Levels of objects and arrays in metadata, the metadata object itself included
+(DynamoDB stores 32 levels; labels need far fewer)."""
+# What a DynamoDB number can hold: 38 significant digits, magnitude 1E-130 .. <1E126.
+_MAX_INT_DIGITS = 38
+_SMALLEST = Decimal("1E-130")
+_TOO_LARGE = Decimal("1E126")
 
 ConnectionId = Annotated[str, Field(pattern=CONNECTION_ID_PATTERN, min_length=1, max_length=128)]
 
@@ -23,10 +30,57 @@ class _Strict(BaseModel):
 def _check_metadata(value: dict[str, Any] | None) -> dict[str, Any] | None:
     if value is None:
         return None
+    # Shape first (iteratively): json.dumps below recurses, and DynamoDB refuses what
+    # it cannot store with an error that would otherwise surface as a 5xx.
+    _check_storable(value)
     encoded = json.dumps(value, separators=(",", ":"), allow_nan=False)
     if len(encoded.encode()) > MAX_METADATA_BYTES:
         raise ValueError(f"metadata is larger than {MAX_METADATA_BYTES} bytes of JSON")
     return value
+
+
+def _check_storable(metadata: dict[str, Any]) -> None:
+    """Refuse metadata DynamoDB cannot store: nesting deeper than
+    ``MAX_METADATA_DEPTH``, empty keys, strings that are not valid Unicode, numbers
+    outside DynamoDB's range or precision."""
+    pending: list[tuple[Any, int]] = [(metadata, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, dict | list):
+            if depth > MAX_METADATA_DEPTH:
+                raise ValueError(f"metadata nests deeper than {MAX_METADATA_DEPTH} levels")
+            if isinstance(value, dict):
+                for key in value:
+                    if key == "":
+                        raise ValueError("metadata keys must not be empty")
+                    _check_text(key)
+                children = list(value.values())
+            else:
+                children = value
+            pending.extend((child, depth + 1) for child in children)
+        elif isinstance(value, str):
+            _check_text(value)
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            _check_number(value)
+
+
+def _check_text(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("metadata strings must be valid Unicode") from None
+
+
+def _check_number(number: int | float) -> None:
+    if isinstance(number, float) and not math.isfinite(number):
+        raise ValueError("metadata numbers must be finite")
+    if isinstance(number, int):
+        if abs(number) >= 10**_MAX_INT_DIGITS:
+            raise ValueError(f"metadata integers are limited to {_MAX_INT_DIGITS} digits")
+        return
+    magnitude = abs(Decimal(repr(number)))
+    if magnitude and not _SMALLEST <= magnitude < _TOO_LARGE:
+        raise ValueError("metadata numbers must lie within 1E-130 and 1E126 in magnitude")
 
 
 class StartRequest(_Strict):
@@ -66,3 +120,45 @@ def to_dynamodb_value(value: Any) -> Any:
     if isinstance(value, list):
         return [to_dynamodb_value(v) for v in value]
     return value
+
+
+# --- answers, as the OpenAPI document describes them (views.py builds them) ----------
+
+
+class ConnectionView(BaseModel):
+    """One connection as the API shows it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    connection_id: str
+    state: Literal["STARTED", "STOPPED"]
+    ws_url: str
+    owner: str | None = Field(description="worker holding the lease; null when free")
+    lease_seconds_left: float | None = Field(description="null when nobody holds the lease")
+    epoch: int = Field(description="lease_epoch: the fencing token of the current owner")
+    last_seq: int = Field(description="highest contiguous seq handled")
+    start_gen: int
+    created_at: str | None
+    updated_at: str | None
+    expires_at: str | None = Field(description="when a STOPPED item is removed (TTL)")
+    metadata: dict[str, Any] | None
+
+
+class StartedConnection(ConnectionView):
+    outcome: Literal["created", "restarted", "already_started"]
+
+
+class ConnectionPage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    connections: list[ConnectionView]
+    next_token: str | None = Field(description="pass back to get the next page; null at the end")
+
+
+class ErrorBody(BaseModel):
+    """Every refusal: a machine-readable code and a sentence for people."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error: str
+    message: str

@@ -132,6 +132,12 @@ def _check_ip(address: ipaddress.IPv4Address | ipaddress.IPv6Address, policy: Ur
 def _check_hostname(host: str, policy: UrlPolicy) -> None:
     if not _HOSTNAME_RE.fullmatch(host):
         raise UrlRefusedError("invalid_url", f"ws_url host {host!r} is not a valid host name")
+    # Names that always mean loopback (RFC 6761) are as private as 127.0.0.1: a broad
+    # glob such as "*" does not admit them, only the name itself in the list does.
+    if (host == "localhost" or host.endswith(".localhost")) and host not in policy.allowed_hosts:
+        raise UrlRefusedError(
+            "address_not_allowed", f"ws_url host {host} is a loopback name not in the allow-list"
+        )
     if not _matches(host, policy):
         raise UrlRefusedError("host_not_allowed", f"host {host} is not in the allow-list")
 

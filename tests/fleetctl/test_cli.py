@@ -1,0 +1,280 @@
+"""The CLI end to end against the router served by the local adapter (DynamoDB Local,
+moto SQS): output, ``--json``, exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetctl import cli
+from fleetctl.cli import EXIT_API_ERROR, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, main
+from fleetctl.client import FleetClient
+from local_stack import services
+from tests.support.fleet import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FEED = "ws://127.0.0.1:8765/demo"
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_start_get_list_stop(router_api: str) -> None:
+    code, out, err = run("--api", router_api, "start", FEED, "--id", "demo-1")
+    assert (code, err) == (EXIT_OK, "")
+    lines = out.splitlines()
+    assert lines[0] == "demo-1: created"
+    assert "state       STARTED" in lines
+    assert f"ws_url      {FEED}" in lines
+
+    code, out, _ = run("--api", router_api, "start", FEED, "--id", "demo-1")
+    assert (code, out.splitlines()[0]) == (EXIT_OK, "demo-1: already running (nothing changed)")
+
+    code, out, _ = run("--api", router_api, "get", "demo-1")
+    assert code == EXIT_OK
+    assert out.splitlines()[0] == "connection  demo-1"
+    assert "start_gen   1" in out.splitlines()
+
+    code, out, _ = run("--api", router_api, "list")
+    assert code == EXIT_OK
+    header, row = out.splitlines()
+    assert header.split()[:3] == ["CONNECTION", "STATE", "OWNER"]
+    assert row.split()[:3] == ["demo-1", "STARTED", "-"]
+
+    code, out, _ = run("--api", router_api, "stop", "demo-1")
+    assert code == EXIT_OK
+    assert out == "demo-1: STOPPED (its owner closes it within one heartbeat)\n"
+    assert run("--api", router_api, "list", "--state", "STARTED")[1] == "no connections\n"
+
+
+def test_json_prints_the_api_answer(router_api: str) -> None:
+    code, out, _ = run(
+        "--api",
+        router_api,
+        "--json",
+        "start",
+        FEED,
+        "--id",
+        "j-1",
+        "--metadata",
+        '{"team": "x", "w": 0.5}',
+    )
+    assert code == EXIT_OK
+    started = json.loads(out)
+    assert (started["outcome"], started["metadata"]) == ("created", {"team": "x", "w": 0.5})
+    code, out, _ = run("--api", router_api, "get", "j-1", "--json")  # after the command too
+    assert json.loads(out) == FleetClient(router_api).get("j-1")
+    listed = json.loads(run("--api", router_api, "list", "--json")[1])
+    assert [v["connection_id"] for v in listed["connections"]] == ["j-1"]
+    assert listed["next_token"] is None
+    stopped = json.loads(run("--api", router_api, "stop", "j-1", "--json")[1])
+    assert stopped["state"] == "STOPPED"
+
+
+def test_a_generated_id(router_api: str) -> None:
+    code, out, _ = run("--api", router_api, "--json", "start", FEED)
+    assert code == EXIT_OK
+    assert len(json.loads(out)["connection_id"]) == 32
+
+
+def test_list_all_follows_next_token(router_api: str) -> None:
+    client = FleetClient(router_api)
+    for i in range(5):
+        client.start(f"{FEED}/{i}", connection_id=f"page-{i}")
+    code, out, _ = run("--api", router_api, "list", "--limit", "2")
+    assert code == EXIT_OK
+    lines = out.splitlines()
+    assert len(lines) == 4  # header, two rows, the hint
+    assert lines[-1].startswith("more: --all, or --next-token ")
+    token = lines[-1].split()[-1]
+    code, out, _ = run("--api", router_api, "list", "--limit", "2", "--next-token", token)
+    assert code == EXIT_OK
+    code, out, _ = run("--api", router_api, "list", "--limit", "2", "--all")
+    assert code == EXIT_OK
+    assert sorted(line.split()[0] for line in out.splitlines()[1:]) == [
+        f"page-{i}" for i in range(5)
+    ]
+    everything = json.loads(run("--api", router_api, "--json", "list", "--all", "--limit", "2")[1])
+    assert len(everything["connections"]) == 5
+    assert everything["next_token"] is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["get", "nobody"], "fleetctl: error: HTTP 404 not_found: no connection nobody"),
+        (["stop", "nobody"], "fleetctl: error: HTTP 404 not_found: no connection nobody"),
+        (
+            ["get", "bad id"],
+            "fleetctl: error: HTTP 400 invalid_connection_id: "
+            "connection ids are 1-128 chars of [A-Za-z0-9._:-]",
+        ),
+        (
+            ["start", "ws://evil.example.org/x"],
+            "fleetctl: error: HTTP 400 host_not_allowed: host evil.example.org is not in the "
+            "allow-list",
+        ),
+        (
+            ["start", "ws://10.0.0.1/x"],
+            "fleetctl: error: HTTP 400 address_not_allowed: ws_url points to a private, "
+            "loopback, link-local or reserved address (10.0.0.1)",
+        ),
+        (["list", "--limit", "500"], "fleetctl: error: HTTP 400 validation_error: "),
+    ],
+)
+def test_api_errors_exit_1_with_one_line(router_api: str, argv: list[str], message: str) -> None:
+    code, out, err = run("--api", router_api, *argv)
+    assert code == EXIT_API_ERROR
+    assert out == ""
+    assert err.startswith(message)
+    assert err.count("\n") == 1
+
+
+def test_a_conflict_names_the_rule(router_api: str) -> None:
+    run("--api", router_api, "start", FEED, "--id", "busy")
+    code, _, err = run("--api", router_api, "start", FEED + "/other", "--id", "busy")
+    assert code == EXIT_API_ERROR
+    assert err == (
+        "fleetctl: error: HTTP 409 conflict: connection busy is running with another ws_url; "
+        "stop it first\n"
+    )
+
+
+def test_connection_refused_says_how_to_start_the_local_stack() -> None:
+    api = f"http://127.0.0.1:{services.free_port()}"
+    code, out, err = run("--api", api, "list")
+    assert code == EXIT_UNREACHABLE
+    assert out == ""
+    assert err == (
+        f"fleetctl: error: cannot reach {api} (connection refused); the local stack may not "
+        "be running: start it with ./scripts/run-local.sh\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["start", FEED, "--metadata", "{not json"],
+        ["start", FEED, "--metadata", "[1, 2]"],
+        ["list", "--state", "RUNNING"],
+        ["list", "--limit", "ten"],
+        ["watch", "--interval", "0"],
+        ["--timeout", "-1", "list"],
+        ["frobnicate"],
+        [],
+    ],
+)
+def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == EXIT_USAGE
+    assert "usage: fleetctl" in capsys.readouterr().err
+
+
+def test_fleet_api_url_is_the_default_target(
+    router_api: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_API_URL", router_api)
+    assert run("list")[0] == EXIT_OK
+    monkeypatch.setenv("FLEET_API_URL", f"http://127.0.0.1:{services.free_port()}")
+    assert run("list")[0] == EXIT_UNREACHABLE
+
+
+def test_watch_prints_plain_frames_off_a_terminal(router_api: str) -> None:
+    client = FleetClient(router_api)
+    client.start(FEED, connection_id="w-1")
+    client.start(FEED + "/2", connection_id="w-2")
+    client.stop("w-2")
+    code, out, _ = run("--api", router_api, "watch", "--interval", "0.05", "--count", "2")
+    assert code == EXIT_OK
+    assert "\x1b" not in out
+    frames = ["fleet at " + f for f in out.split("fleet at ") if f]
+    assert len(frames) == 2
+    first = frames[0].splitlines()
+    assert first[0].startswith(f"fleet at {router_api}  ")
+    assert first[-1] == ""  # a blank line between frames
+    assert first[1] == "2 connections: 1 STARTED (0 owned), 1 STOPPED; 0 workers; 0.0 msg/s"
+    assert [line.split()[0] for line in first[3:-1]] == ["CONNECTION", "w-1", "w-2"]
+    assert frames[1].splitlines()[4].split()[-1] == "0.0"  # a rate once there are two polls
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_watch_redraws_in_place_on_a_terminal_and_ctrl_c_exits_0(router_api: str) -> None:
+    FleetClient(router_api).start(FEED, connection_id="t-1")
+    out = Terminal()
+    polls: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        polls.append(seconds)
+        if len(polls) == 3:
+            raise KeyboardInterrupt
+
+    args = cli.build_parser().parse_args(["--api", router_api, "watch", "--interval", "0.5"])
+    code = cli.watch(FleetClient(router_api), args, out, sleep=sleep)
+    assert code == EXIT_OK
+    text = out.getvalue()
+    assert text.count("\x1b[H\x1b[J") == 3
+    assert "t-1" in text.split("\x1b[H\x1b[J")[-1]
+    assert all(0 <= s <= 0.5 for s in polls)
+
+
+def test_watch_fails_fast_when_the_first_poll_fails() -> None:
+    api = f"http://127.0.0.1:{services.free_port()}"
+    code, out, err = run("--api", api, "watch", "--count", "3")
+    assert (code, out) == (EXIT_UNREACHABLE, "")
+    assert "./scripts/run-local.sh" in err
+
+
+def subprocess_env(api: str) -> dict[str, Any]:
+    return {**os.environ, "PYTHONPATH": str(REPO_ROOT), "FLEET_API_URL": api}
+
+
+def test_python_m_fleetctl(router_api: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetctl", "--json", "start", FEED, "--id", "sub-1"],
+        env=subprocess_env(router_api),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == EXIT_OK, done.stderr
+    assert json.loads(done.stdout)["connection_id"] == "sub-1"
+
+
+def test_ctrl_c_ends_watch_with_status_0(router_api: str, tmp_path: Path) -> None:
+    FleetClient(router_api).start(FEED, connection_id="sigint")
+    output = tmp_path / "watch.out"
+    with output.open("w") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "fleetctl", "watch", "--interval", "0.2"],
+            env=subprocess_env(router_api),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_until(lambda: "sigint" in output.read_text(), 30, "the first frame")
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=15) == EXIT_OK, output.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=15)
+    assert "Traceback" not in output.read_text()

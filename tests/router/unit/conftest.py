@@ -1,0 +1,99 @@
+"""The real router handler against in-process moto (DynamoDB and SQS): fine for
+single-threaded unit tests (DESIGN section 7)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from lambdas.router.main import handler, service
+from local_stack.api_server import LocalContext
+from local_stack.resources import create_connection_table, create_start_queue
+from tests.router.fixtures import (
+    StateSnapshot,
+    drain_start_messages,
+    load_event,
+    snapshot,
+)
+from wsfleet.item import ConnectionItem
+from wsfleet.item_io import get_connection
+from wsfleet.start_messages import StartMessage
+
+TABLE = "connections-unit"
+ALLOWED_HOSTS = "*.example.com,127.0.0.1"
+_AWS_SETTINGS = (
+    "AWS_PROFILE",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_DYNAMODB",
+    "AWS_ENDPOINT_URL_SQS",
+    "ALLOW_INSECURE_WS",
+)
+
+
+@dataclass
+class Router:
+    """The handler plus what it writes to."""
+
+    ddb: Any
+    sqs: Any
+    queue_url: str
+
+    def invoke(self, event: Any) -> dict[str, Any]:
+        context: Any = LocalContext()
+        result: dict[str, Any] = handler(event, context)
+        return result
+
+    def call(self, name: str) -> dict[str, Any]:
+        """Invoke the handler with the event fixture ``name``."""
+        return self.invoke(load_event(name))
+
+    def state(self) -> StateSnapshot:
+        return snapshot(self.ddb, self.sqs, TABLE, self.queue_url)
+
+    def item(self, connection_id: str) -> ConnectionItem | None:
+        return get_connection(self.ddb, TABLE, connection_id)
+
+    def raw_item(self, connection_id: str) -> dict[str, Any]:
+        found: dict[str, Any] = self.ddb.get_item(
+            TableName=TABLE, Key={"Pk": {"S": f"CONN#{connection_id}"}}, ConsistentRead=True
+        )["Item"]
+        return found
+
+    def start_messages(self) -> list[StartMessage]:
+        return drain_start_messages(self.sqs, self.queue_url)
+
+    def set_last_seq(self, connection_id: str, last_seq: int) -> None:
+        """What an owner's checkpoint does to the item."""
+        self.ddb.update_item(
+            TableName=TABLE,
+            Key={"Pk": {"S": f"CONN#{connection_id}"}},
+            UpdateExpression="SET last_seq = :seq",
+            ExpressionAttributeValues={":seq": {"N": str(last_seq)}},
+        )
+
+
+@pytest.fixture
+def router(monkeypatch: pytest.MonkeyPatch) -> Iterator[Router]:
+    for name in _AWS_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with mock_aws():
+        ddb = boto3.client("dynamodb", region_name="us-east-1")
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        create_connection_table(ddb, TABLE)
+        queues = create_start_queue(sqs, "starts-unit")
+        monkeypatch.setenv("TABLE_NAME", TABLE)
+        monkeypatch.setenv("QUEUE_URL", queues.queue_url)
+        monkeypatch.setenv("ALLOWED_UPSTREAM_HOSTS", ALLOWED_HOSTS)
+        service.cache_clear()
+        try:
+            yield Router(ddb, sqs, queues.queue_url)
+        finally:
+            service.cache_clear()
