@@ -1,0 +1,1 @@
+"""Benchmarks, the chaos run and the cost model: scripts that print figures."""
