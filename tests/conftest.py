@@ -13,6 +13,7 @@ from botocore.config import Config
 
 from local_stack import services
 from local_stack.resources import Queues, create_connection_table, create_start_queue
+from tests.support.fleet import Fleet
 
 LOCAL_CREDENTIALS = {
     "region_name": "us-east-1",
@@ -76,3 +77,29 @@ def table(ddb) -> Iterator[str]:
 @pytest.fixture
 def queues(sqs) -> Queues:
     return create_start_queue(sqs, unique_name("starts"), max_receive_count=2, visibility_timeout=2)
+
+
+@pytest.fixture(scope="session")
+def feed_url(service_log_dir: Path) -> Iterator[str]:
+    """The demo feed as its own process, 20 messages/s per connection by default."""
+    port = services.free_port()
+    process = services.start_feed(port, service_log_dir, rate=20.0)
+    yield f"ws://127.0.0.1:{port}"
+    process.stop()
+
+
+@pytest.fixture
+def fleet(ddb, sqs, table, queues, feed_url, dynamodb_endpoint, moto_endpoint, tmp_path):
+    """Real worker processes on demand (tests.support.fleet), stopped after the test."""
+    fleet = Fleet(
+        ddb=ddb,
+        sqs=sqs,
+        table=table,
+        queue_url=queues.queue_url,
+        dlq_url=queues.dlq_url,
+        feed_url=feed_url,
+        endpoints={"dynamodb": dynamodb_endpoint, "sqs": moto_endpoint},
+        work_dir=tmp_path,
+    )
+    yield fleet
+    fleet.stop_all()

@@ -7,12 +7,10 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from local_stack import services
 from local_stack.audit import duplicate_count, lost_seqs, stale_deliveries
 from tests.support.fleet import TIMING, Fleet, WorkerProcess, wait_until
 
@@ -21,30 +19,6 @@ pytestmark = [pytest.mark.fleet, pytest.mark.timeout(180)]
 CRASH_BOUND = TIMING.crash_failover_bound()  # 2 + 0.1 + 0.6 + 1 = 3.7 s
 HANDOFF_BOUND = 1.0
 STOP_BOUND = TIMING.heartbeat + 1.0
-
-
-@pytest.fixture(scope="module")
-def feed_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = services.free_port()
-    process = services.start_feed(port, tmp_path_factory.mktemp("feed"), rate=20.0)
-    yield f"ws://127.0.0.1:{port}"
-    process.stop()
-
-
-@pytest.fixture
-def fleet(ddb, sqs, table, queues, feed_url, dynamodb_endpoint, moto_endpoint, tmp_path):
-    fleet = Fleet(
-        ddb=ddb,
-        sqs=sqs,
-        table=table,
-        queue_url=queues.queue_url,
-        dlq_url=queues.dlq_url,
-        feed_url=feed_url,
-        endpoints={"dynamodb": dynamodb_endpoint, "sqs": moto_endpoint},
-        work_dir=tmp_path,
-    )
-    yield fleet
-    fleet.stop_all()
 
 
 def start_fleet(fleet: Fleet, workers: int, connections: int, prefix: str):

@@ -11,15 +11,10 @@ again under a newer epoch with the URL of the latest start.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from local_stack import services
 from local_stack.audit import Record, lost_seqs, stale_deliveries
-from local_stack.resources import Queues
 from tests.router.local_api import Answer, request
 from tests.support.fleet import TIMING, Fleet, wait_until
 from wsfleet.item import ConnectionItem
@@ -28,39 +23,6 @@ pytestmark = [pytest.mark.fleet, pytest.mark.timeout(180)]
 
 STOP_BOUND = TIMING.heartbeat + 1.0
 RESTART_BOUND = 2 * STOP_BOUND + 1.0  # the owner notices, releases; someone re-acquires
-
-
-@pytest.fixture(scope="module")
-def feed_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = services.free_port()
-    process = services.start_feed(port, tmp_path_factory.mktemp("feed"), rate=20.0)
-    yield f"ws://127.0.0.1:{port}"
-    process.stop()
-
-
-@pytest.fixture
-def fleet(
-    ddb: Any,
-    sqs: Any,
-    table: str,
-    queues: Queues,
-    feed_url: str,
-    dynamodb_endpoint: str,
-    moto_endpoint: str,
-    tmp_path: Path,
-) -> Iterator[Fleet]:
-    fleet = Fleet(
-        ddb=ddb,
-        sqs=sqs,
-        table=table,
-        queue_url=queues.queue_url,
-        dlq_url=queues.dlq_url,
-        feed_url=feed_url,
-        endpoints={"dynamodb": dynamodb_endpoint, "sqs": moto_endpoint},
-        work_dir=tmp_path,
-    )
-    yield fleet
-    fleet.stop_all()
 
 
 def start(api: str, connection_id: str, ws_url: str) -> Answer:
