@@ -118,6 +118,8 @@ class ConnectionRunner:
     async def run(self) -> Outcome:
         reader = asyncio.create_task(self._read_loop(), name=f"read:{self.connection_id}")
         renewer = asyncio.create_task(self._renew_loop(), name=f"renew:{self.connection_id}")
+        reader.add_done_callback(self._task_ended)
+        renewer.add_done_callback(self._task_ended)
         try:
             ending = await self._ending
         except asyncio.CancelledError:
@@ -154,6 +156,22 @@ class ConnectionRunner:
     def _end(self, ending: Ending) -> None:
         if not self._ending.done():
             self._ending.set_result(ending)
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        """Neither task ends on its own while the connection runs; one that did has a
+        bug. Whether the lease is still held is then unknown: fence."""
+        if self._ending.done() or task.cancelled():
+            return
+        error = task.exception()
+        log.error(
+            "connection task ended unexpectedly",
+            extra={
+                "connection_id": self.connection_id,
+                "task": task.get_name(),
+                "error": repr(error),
+            },
+        )
+        self._fence(f"{task.get_name()} ended unexpectedly")
 
     def _fence(self, why: str) -> None:
         if not self._ending.done():

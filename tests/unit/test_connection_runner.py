@@ -26,6 +26,10 @@ pytestmark = pytest.mark.timeout(30)
 TIMING = LeaseTiming.from_lease(1.0)  # heartbeat 0.25, skew 0.05, margin 0.1: fence after 0.85
 
 
+class _Crash(BaseException):
+    """Escapes the renewer's error handling, as a bug would."""
+
+
 @dataclass
 class ScriptedStore:
     """Stands in for LeaseStore: renews answer as scripted, releases are recorded."""
@@ -38,6 +42,8 @@ class ScriptedStore:
     def renew(self, lease: Lease, last_seq: int, now_ms: int) -> Renewed | RenewRefusal:
         self.renews += 1
         answer = self.renew_answer
+        if answer == "crash":
+            raise _Crash("a bug, not an AWS error")
         if answer == "hang":
             self.unblock.wait(5)
             raise TimeoutError("partitioned")
@@ -172,3 +178,14 @@ async def test_shutdown_lets_the_handler_call_in_flight_finish(feed_url):
     assert handler.finished == [seq for _, seq in handler.entered]  # none cut short
     assert outcome.last_seq == handler.finished[-1] == 2
     assert store.releases == [(4, 2)]
+
+
+async def test_a_crashed_task_fences_the_connection_instead_of_hanging(feed_url):
+    store = ScriptedStore()
+    handler = Recorder()
+    runner = make_runner(store, handler, feed_url)
+    task = asyncio.create_task(runner.run())
+    await wait_for(lambda: len(handler.finished) >= 2, 5)
+    store.renew_answer = "crash"
+    outcome = await asyncio.wait_for(task, 3)
+    assert outcome.ending is Ending.FENCED
