@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,19 @@ class Record:
     """The upstream stream the message came from, when the payload names it."""
 
 
+def record_from_json(raw: dict[str, Any]) -> Record:
+    """One record from its JSON line's object."""
+    return Record(
+        worker=raw["worker"],
+        connection_id=raw["connection_id"],
+        epoch=int(raw["epoch"]),
+        seq=int(raw["seq"]),
+        t=float(raw["t"]),
+        failed=bool(raw.get("failed", False)),
+        feed=raw.get("feed"),
+    )
+
+
 def load_records(directory: Path) -> list[Record]:
     """Every record under ``directory`` (``*.jsonl``); a torn last line of a killed
     process is ignored."""
@@ -36,17 +50,7 @@ def load_records(directory: Path) -> list[Record]:
                 raw = json.loads(line)
             except ValueError:
                 continue
-            records.append(
-                Record(
-                    worker=raw["worker"],
-                    connection_id=raw["connection_id"],
-                    epoch=int(raw["epoch"]),
-                    seq=int(raw["seq"]),
-                    t=float(raw["t"]),
-                    failed=bool(raw.get("failed", False)),
-                    feed=raw.get("feed"),
-                )
-            )
+            records.append(record_from_json(raw))
     return records
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -28,7 +29,12 @@ async def serve(config: WorkerConfig, deps: WorkerDeps) -> None:
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    await Worker(config, deps).run(stop)
+    worker = Worker(config, deps)
+    # Everything built so far lives as long as the process: keep it out of the
+    # collector's generations, so its pauses (measured as the main source of renew
+    # lateness at 1,000 connections) stay short.
+    gc.freeze()
+    await worker.run(stop)
 
 
 def main() -> int:

@@ -44,14 +44,15 @@ def dynamodb_config(timing: LeaseTiming, pool_size: int) -> Config:
     )
 
 
-def sqs_config(wait_seconds: int) -> Config:
+def sqs_config(wait_seconds: int, pool_size: int) -> Config:
     # A long poll holds the request open for ``wait_seconds``; the read timeout
-    # must outlast it.
+    # must outlast it. At shutdown every released lease sends a reassign at once,
+    # from as many threads as the executor has: the pool matches it.
     return Config(
         connect_timeout=2,
         read_timeout=wait_seconds + 5,
         retries={"mode": "standard", "total_max_attempts": 3},
-        max_pool_connections=16,
+        max_pool_connections=pool_size,
     )
 
 
@@ -72,5 +73,7 @@ def make_clients(timing: LeaseTiming, *, sqs_wait_seconds: int, pool_size: int) 
         dynamodb=session.client(
             "dynamodb", region_name=region, config=dynamodb_config(timing, pool_size)
         ),
-        sqs=session.client("sqs", region_name=region, config=sqs_config(sqs_wait_seconds)),
+        sqs=session.client(
+            "sqs", region_name=region, config=sqs_config(sqs_wait_seconds, pool_size)
+        ),
     )

@@ -21,6 +21,7 @@ _KNOWN = {
     schema.LEASE_OWNER,
     schema.LEASE_EXPIRES_AT_MS,
     schema.LEASE_EPOCH,
+    schema.LEASE_TOKEN,
     schema.LAST_SEQ,
     schema.START_GEN,
     schema.CREATED_AT_MS,
@@ -59,6 +60,7 @@ class ConnectionItem:
     lease_owner: str | None = None
     lease_expires_at_ms: int = 0
     lease_epoch: int = 0
+    lease_token: str | None = None
     last_seq: int = 0
     start_gen: int = 0
     created_at_ms: int | None = None
@@ -76,6 +78,7 @@ class ConnectionItem:
             lease_owner=plain.get(schema.LEASE_OWNER),
             lease_expires_at_ms=int(plain.get(schema.LEASE_EXPIRES_AT_MS, 0)),
             lease_epoch=int(plain.get(schema.LEASE_EPOCH, 0)),
+            lease_token=plain.get(schema.LEASE_TOKEN),
             last_seq=int(plain.get(schema.LAST_SEQ, 0)),
             start_gen=int(plain.get(schema.START_GEN, 0)),
             created_at_ms=_opt_int(plain.get(schema.CREATED_AT_MS)),

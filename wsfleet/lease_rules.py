@@ -48,6 +48,7 @@ _NAMES = {
     "#owner": schema.LEASE_OWNER,
     "#expiry": schema.LEASE_EXPIRES_AT_MS,
     "#epoch": schema.LEASE_EPOCH,
+    "#token": schema.LEASE_TOKEN,
     "#seq": schema.LAST_SEQ,
     "#gen": schema.START_GEN,
     "#updated": schema.UPDATED_AT_MS,
@@ -70,17 +71,23 @@ def orphan_cutoff_ms(now_ms: int, timing: LeaseTiming) -> int:
     return now_ms - timing.skew_ms
 
 
-def acquire_update(owner: str, now_ms: int, timing: LeaseTiming) -> ConditionalUpdate:
-    """Take a STARTED connection whose lease is free or lapsed; the epoch goes up by one."""
+def acquire_update(owner: str, now_ms: int, timing: LeaseTiming, token: str) -> ConditionalUpdate:
+    """Take a STARTED connection whose lease is free or lapsed; the epoch goes up by one.
+
+    ``token`` is random per acquire attempt (not per SDK retry of it): it is how a
+    failed condition tells "my own attempt had landed" from "I held this before"."""
     return ConditionalUpdate(
-        update_expression="SET #owner = :me, #expiry = :expiry, #updated = :now ADD #epoch :one",
+        update_expression=(
+            "SET #owner = :me, #token = :token, #expiry = :expiry, #updated = :now ADD #epoch :one"
+        ),
         condition_expression=(
             "#state = :started AND (attribute_not_exists(#owner)"
             " OR attribute_not_exists(#expiry) OR #expiry < :cutoff)"
         ),
-        names=_names("#state", "#owner", "#expiry", "#epoch", "#updated"),
+        names=_names("#state", "#owner", "#token", "#expiry", "#epoch", "#updated"),
         values=_values(
             me=owner,
+            token=token,
             expiry=now_ms + timing.lease_ms,
             now=now_ms,
             one=1,
@@ -129,16 +136,19 @@ class AcquireRefusal(enum.Enum):
     UNKNOWN_ID = "unknown_id"
 
 
-def acquire_failure(old: ConnectionItem | None, owner: str) -> AcquireRefusal | Lease:
+def acquire_failure(old: ConnectionItem | None, owner: str, token: str) -> AcquireRefusal | Lease:
     """Decide on a failed acquire from the item that made it fail.
 
-    When the stored owner is this worker, an SDK retry of a write that had in fact
-    succeeded is being reported: the lease is adopted with its stored epoch rather
-    than left idle until it lapses.
+    When the stored owner and token are this attempt's, an SDK retry of a write that
+    had in fact succeeded is being reported: the lease is adopted with its stored
+    epoch rather than left idle until it lapses. When only the owner is this worker's,
+    the hold is an older one (a runner that was fenced, whose release may still be on
+    its way): adopting it could outlive that release while another worker takes the
+    lease, so it counts as held, and lapses or is released like any other.
     """
     if old is None:
         return AcquireRefusal.UNKNOWN_ID
-    if old.lease_owner == owner:
+    if old.lease_owner == owner and old.lease_token == token:
         return Lease(
             connection_id=old.connection_id,
             owner=owner,
@@ -231,9 +241,9 @@ def release_update(lease: Lease, last_seq: int | None, now_ms: int) -> Condition
     reset ``last_seq`` for a new URL, and an old checkpoint must not overwrite that.
     Without it (``None``) only the lease is given back.
     """
-    names = _names("#owner", "#epoch", "#expiry", "#updated")
+    names = _names("#owner", "#token", "#epoch", "#expiry", "#updated")
     values = _values(me=lease.owner, epoch=lease.epoch, zero=0, now=now_ms)
-    update = "REMOVE #owner SET #expiry = :zero, #updated = :now"
+    update = "REMOVE #owner, #token SET #expiry = :zero, #updated = :now"
     condition = "#owner = :me AND #epoch = :epoch"
     if last_seq is not None:
         names |= _names("#seq", "#gen")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -45,16 +46,20 @@ class LeaseStore:
     def timing(self) -> LeaseTiming:
         return self._timing
 
-    def acquire(self, connection_id: str, owner: str, now_ms: int) -> Lease | AcquireRefusal:
-        """Take the lease if it is free or lapsed. Exactly one concurrent caller wins."""
+    def acquire(
+        self, connection_id: str, owner: str, now_ms: int, *, token: str | None = None
+    ) -> Lease | AcquireRefusal:
+        """Take the lease if it is free or lapsed. Exactly one concurrent caller wins.
+        ``token`` identifies this attempt (random by default; tests pass their own)."""
+        token = token or secrets.token_hex(8)
         try:
             old = self._update(
                 connection_id,
-                lease_rules.acquire_update(owner, now_ms, self._timing),
+                lease_rules.acquire_update(owner, now_ms, self._timing, token),
                 return_values="ALL_OLD",
             )
         except ConditionFailedError as failed:
-            return lease_rules.acquire_failure(failed.old, owner)
+            return lease_rules.acquire_failure(failed.old, owner, token)
         if old is None:  # pragma: no cover - the condition requires an existing item
             return AcquireRefusal.UNKNOWN_ID
         return lease_rules.lease_won(old, owner, now_ms, self._timing)

@@ -149,11 +149,27 @@ def test_acquire_of_stopped_or_unknown_fails(store, control):
 
 def test_acquire_retried_after_success_adopts_the_lease(store, control):
     control.start("c", URL, T0)
-    first = won(store.acquire("c", "w1", T0))
-    # What an SDK retry sees when its first attempt had in fact landed:
-    adopted = won(store.acquire("c", "w1", T0))
+    first = won(store.acquire("c", "w1", T0, token="attempt-1"))
+    # What an SDK retry of the same attempt sees when its first try had in fact landed:
+    adopted = won(store.acquire("c", "w1", T0, token="attempt-1"))
     assert adopted.epoch == first.epoch == 1
     assert isinstance(store.renew(adopted, 1, T0 + 5_000), Renewed)
+
+
+def test_a_new_attempt_never_adopts_an_older_hold_whose_release_is_in_flight(store, control):
+    """The race the chaos run found: a fenced runner's release was still on its way
+    when the same worker tried the connection again. Adopting the old epoch let the
+    late release free the lease under a runner that believed it held it."""
+    control.start("c", URL, T0)
+    old = won(store.acquire("c", "w1", T0, token="attempt-1"))
+    again = store.acquire("c", "w1", T0 + 19_000, token="attempt-2")
+    assert again is AcquireRefusal.HELD
+    assert store.release(old, 7, T0 + 19_500)  # the late release lands
+    taken = won(store.acquire("c", "w2", T0 + 19_600))
+    assert taken.epoch == 2
+    item = store.get("c")
+    assert item is not None
+    assert (item.lease_owner, item.lease_epoch) == ("w2", 2)
 
 
 def test_renew_sees_stop_and_restart(store, control):

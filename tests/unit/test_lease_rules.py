@@ -77,8 +77,9 @@ def test_orphan_cutoff_is_now_minus_skew():
 
 
 def test_acquire_update_carries_expiry_and_cutoff():
-    update = acquire_update(ME, NOW, TIMING)
+    update = acquire_update(ME, NOW, TIMING, "tok")
     values = update.values
+    assert values[":token"] == {"S": "tok"}
     assert values[":expiry"] == {"N": str(NOW + 20_000)}
     assert values[":cutoff"] == {"N": str(NOW - 1000)}
     assert values[":me"] == {"S": ME}
@@ -114,15 +115,30 @@ def test_lease_won_from_old_item(old, expected_epoch, expected_latency):
     ],
 )
 def test_acquire_refusals(old, expected):
-    assert acquire_failure(old, ME) is expected
+    assert acquire_failure(old, ME, "tok") is expected
 
 
 def test_acquire_failure_adopts_own_lease_after_a_retried_success():
-    old = item(lease_owner=ME, lease_epoch=7, lease_expires_at_ms=NOW + 20_000, last_seq=42)
-    adopted = acquire_failure(old, ME)
+    old = item(
+        lease_owner=ME,
+        lease_token="tok",
+        lease_epoch=7,
+        lease_expires_at_ms=NOW + 20_000,
+        last_seq=42,
+    )
+    adopted = acquire_failure(old, ME, "tok")
     assert isinstance(adopted, Lease)
     assert (adopted.epoch, adopted.last_seq, adopted.expires_at_ms) == (7, 42, NOW + 20_000)
     assert adopted.takeover_latency_ms is None
+
+
+@pytest.mark.parametrize("stored_token", ["older-attempt", None])
+def test_acquire_failure_never_adopts_an_older_hold_of_the_same_worker(stored_token):
+    """An earlier runner of this worker (fenced, its release maybe still in flight)
+    left the lease: adopting it could outlive that release while another worker takes
+    over, so it counts as held."""
+    old = item(lease_owner=ME, lease_token=stored_token, lease_epoch=7, lease_expires_at_ms=NOW)
+    assert acquire_failure(old, ME, "tok") is AcquireRefusal.HELD
 
 
 @pytest.mark.parametrize(
@@ -181,7 +197,7 @@ def test_release_with_checkpoint_requires_the_same_generation():
     without = release_update(lease(), None, NOW)
     assert ":seq" not in without.values
     assert "#gen" not in without.condition_expression
-    assert "REMOVE #owner" in without.update_expression
+    assert "REMOVE #owner, #token" in without.update_expression
 
 
 @pytest.mark.parametrize(

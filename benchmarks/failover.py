@@ -1,0 +1,226 @@
+"""Crash failover and graceful handoff: our defaults against the seed's timings, in the
+same run, on the same servers, with scaled timings.
+
+``python -m benchmarks.failover [--repetitions 6] [--lease-seconds 2]``
+
+Two fleets run side by side on their own tables (``ours``: reconcile = lease/4 and a
+``reassign`` message on release; ``seed``: reconcile = 3 x lease, no ``reassign``), each
+with ``--workers`` workers and ``--connections`` connections at ``--rate`` msg/s. Each
+repetition, for each scenario and each fleet in turn:
+
+- pick the worker that handles the most connections (from the delivery records);
+- ``crash``: SIGKILL it; ``handoff``: SIGTERM it;
+- measure, per connection it handled, the time from the signal to the first delivery
+  by another worker (recording handler timestamps); the figure of the repetition is the
+  slowest of its connections (every one handled elsewhere);
+- start a replacement and wait until every connection flows again.
+
+Reported: p50 and max over repetitions, per scenario and fleet, the bound DESIGN
+promises for those timings, and the ratio seed / ours. Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.report import emit, machine, percentile, summary, table
+from benchmarks.stack import (
+    DeliveryTracker,
+    Deployment,
+    LocalStack,
+    Profile,
+    ours,
+    seed,
+    sigterm_as_interrupt,
+    wait_until,
+)
+from wsfleet.timing import LeaseTiming
+
+SCENARIOS = {"crash": signal.SIGKILL, "handoff": signal.SIGTERM}
+FLOWING_WITHIN_S = 0.5
+SETTLE_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Fleet:
+    """One deployment, its timing profile and the deliveries it makes."""
+
+    profile: Profile
+    timing: LeaseTiming
+    deployment: Deployment
+    tracker: DeliveryTracker
+    connection_ids: list[str]
+    ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    results: dict[str, list[float]] = field(default_factory=dict)
+
+    def bound(self, scenario: str) -> float:
+        """What DESIGN promises for this scenario under these timings."""
+        if scenario == "crash":
+            return self.timing.crash_failover_bound()
+        if self.profile.env.get("REASSIGN_ON_RELEASE") == "false":
+            # The seed: a released lease waits for the next reconcile of any worker.
+            return 1.2 * self.timing.reconcile + 1.0
+        return 1.0
+
+    def start_workers(self, count: int) -> None:
+        names = [f"{self.profile.name}-w{next(self.ids)}" for _ in range(count)]
+        self.deployment.start_workers(names, self.profile)
+
+    def settle(self, workers: int) -> None:
+        """Bring the fleet back to ``workers`` and wait until every connection flows."""
+        missing = workers - len(self.deployment.live_workers())
+        if missing > 0:
+            self.start_workers(missing)
+        wait_until(
+            lambda: self.tracker.flowing(self.connection_ids, FLOWING_WITHIN_S),
+            SETTLE_TIMEOUT_S,
+            f"every {self.profile.name} connection to flow",
+        )
+
+
+def measure(fleet: Fleet, scenario: str) -> tuple[float, int]:
+    """Signal the busiest worker; seconds until each of its connections was handled by
+    another worker (the slowest), and how many connections it had."""
+    fleet.tracker.poll()
+    live = {w.worker_id: w for w in fleet.deployment.live_workers()}
+    victim_id = max(live, key=lambda wid: len(fleet.tracker.handled_by(wid)))
+    victim = live[victim_id]
+    theirs = fleet.tracker.handled_by(victim_id)
+    signalled = time.time()
+    victim.signal(SCENARIOS[scenario])
+    first_elsewhere: dict[str, float] = {}
+
+    def all_elsewhere() -> bool:
+        for record in fleet.tracker.poll():
+            if (
+                record.connection_id in theirs
+                and record.worker != victim_id
+                and record.t > signalled
+                and record.connection_id not in first_elsewhere
+            ):
+                first_elsewhere[record.connection_id] = record.t
+        return len(first_elsewhere) == len(theirs)
+
+    timeout = 3 * fleet.bound(scenario) + 10
+    wait_until(all_elsewhere, timeout, f"{fleet.profile.name} {scenario} takeover", 0.01)
+    victim.popen.wait(30)
+    return max(first_elsewhere.values()) - signalled, len(theirs)
+
+
+def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
+    lease = args.lease_seconds
+    profiles = [ours(lease), seed(lease)]
+    with LocalStack(work_dir, feeds=1, feed_rate=args.rate) as stack:
+        fleets: list[Fleet] = []
+        for profile in profiles:
+            deployment = stack.deployment(profile.name)
+            ids = [f"{profile.name}-c{i}" for i in range(args.connections)]
+            timing = LeaseTiming.from_lease(
+                lease,
+                reconcile=float(profile.env["RECONCILE_SECONDS"])
+                if "RECONCILE_SECONDS" in profile.env
+                else None,
+            )
+            fleet = Fleet(profile, timing, deployment, DeliveryTracker(deployment.record_dir), ids)
+            fleet.start_workers(args.workers)
+            for cid in ids:
+                deployment.start_connection(cid, stack.feed_url(cid, {"rate": args.rate}))
+            fleets.append(fleet)
+        for repetition in range(1, args.repetitions + 1):
+            for scenario in SCENARIOS:
+                for fleet in fleets:
+                    fleet.settle(args.workers)
+                    seconds, moved = measure(fleet, scenario)
+                    fleet.results.setdefault(scenario, []).append(seconds)
+                    print(
+                        f"  #{repetition} {scenario:8} {fleet.profile.name:5} "
+                        f"{seconds:6.3f} s ({moved} connections)",
+                        flush=True,
+                    )
+        return result_of(args, fleets)
+
+
+def result_of(args: argparse.Namespace, fleets: list[Fleet]) -> dict[str, Any]:
+    by_name = {f.profile.name: f for f in fleets}
+    scenarios: dict[str, Any] = {}
+    for scenario in SCENARIOS:
+        entry: dict[str, Any] = {}
+        for name, fleet in by_name.items():
+            values = fleet.results[scenario]
+            entry[name] = {
+                **summary(values),
+                "bound_s": round(fleet.bound(scenario), 3),
+                "reconcile_s": fleet.timing.reconcile,
+                "values_s": [round(v, 3) for v in values],
+            }
+        ours_values, seed_values = (
+            by_name["ours"].results[scenario],
+            by_name["seed"].results[scenario],
+        )
+        entry["ratio_seed_over_ours"] = {
+            "p50": round(percentile(seed_values, 50) / percentile(ours_values, 50), 2),
+            "max": round(max(seed_values) / max(ours_values), 2),
+        }
+        scenarios[scenario] = entry
+    return {
+        "benchmark": "failover",
+        "lease_s": args.lease_seconds,
+        "workers": args.workers,
+        "connections": args.connections,
+        "rate": args.rate,
+        "repetitions": args.repetitions,
+        "scenarios": scenarios,
+        "machine": machine(),
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    rows = []
+    for scenario, entry in result["scenarios"].items():
+        for name in ("ours", "seed"):
+            s = entry[name]
+            rows.append(
+                [scenario, name, s["reconcile_s"], s["n"], s["p50"], s["max"], s["bound_s"]]
+            )
+        ratio = entry["ratio_seed_over_ours"]
+        rows.append([scenario, "seed / ours", "", "", f"x{ratio['p50']}", f"x{ratio['max']}", ""])
+    return table(["scenario", "timings", "reconcile s", "n", "p50 s", "max s", "bound s"], rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.failover", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--repetitions", type=int, default=6)
+    parser.add_argument("--lease-seconds", type=float, default=2.0)
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--connections", type=int, default=6)
+    parser.add_argument("--rate", type=float, default=20.0, help="messages/s per connection")
+    args = parser.parse_args(argv)
+    if args.workers < 2 or args.repetitions < 1:
+        parser.error("need --workers >= 2 and --repetitions >= 1")
+    try:
+        with sigterm_as_interrupt(), tempfile.TemporaryDirectory(prefix="failover-") as tmp:
+            result = run(args, Path(tmp))
+    except KeyboardInterrupt:
+        print("interrupted; every child process has been stopped", file=sys.stderr)
+        return 130
+    emit(
+        f"failover, lease {args.lease_seconds:g} s (scaled), {args.workers} workers, "
+        f"{args.connections} connections, {args.repetitions} repetitions",
+        render(result),
+        result,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

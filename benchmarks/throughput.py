@@ -1,0 +1,266 @@
+"""Throughput of one worker with a no-op handler, against a bare ``websockets`` client
+reading the same feed the same way, in the same run.
+
+``python -m benchmarks.throughput [--connections 8] [--window 10] [--rounds 3]``
+
+One feed process serves every connection at ``rate=0`` (as fast as the reader reads).
+Each round runs, one after the other, the same measurement twice on fresh connections:
+
+- the bare client (:mod:`benchmarks.bare_client`, its own process) reads ``K``
+  connections; it counts messages over the window;
+- one worker (``HANDLER=benchmarks.handlers:noop_factory``, project defaults: lease
+  20 s) owns ``K`` connections; its own ``messages_processed`` counts, logged every
+  second with "worker stats", are summed over the window.
+
+CPU of the reader and of the feed is read from ``/proc`` over the same window: a
+reader near 100% of one core while the feed has CPU to spare shows that the reader,
+not the feed, sets the pace. Reported: messages/s of each, the ratio worker / bare
+client (median over rounds), CPU%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.procfs import CpuSample, SystemCpuSample
+from benchmarks.report import emit, machine, table
+from benchmarks.stack import (
+    REPO_ROOT,
+    LocalStack,
+    WorkerProcess,
+    ours,
+    parse_log_time,
+    sigterm_as_interrupt,
+    wait_until,
+)
+
+LEASE_SECONDS = 20.0
+STATS_INTERVAL_S = 1
+
+
+def bare_round(stack: LocalStack, urls: list[str], warmup: float, window: float) -> dict[str, Any]:
+    """Run the bare client over ``urls``; its rate and CPU, and the feed's CPU."""
+    feed_pids = [feed.process.pid for feed in stack.feed_processes]
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.bare_client",
+            "--warmup",
+            repr(warmup),
+            "--window",
+            repr(window),
+            *urls,
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert process.stdout is not None
+        lines = iter(process.stdout.readline, "")
+        if next(lines).strip() != "window start":
+            raise RuntimeError("the bare client did not start its window")
+        client_0, feed_0 = CpuSample.take(process.pid), [CpuSample.take(p) for p in feed_pids]
+        system_0 = SystemCpuSample.take()
+        if next(lines).strip() != "window end":
+            raise RuntimeError("the bare client did not end its window")
+        client_1, feed_1 = CpuSample.take(process.pid), [CpuSample.take(p) for p in feed_pids]
+        system_1 = SystemCpuSample.take()
+        result: dict[str, Any] = json.loads(next(lines))
+        process.wait(30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    return {
+        **figures(
+            result["messages"] / result["seconds"],
+            client_0.percent_until(client_1),
+            [a.percent_until(b) for a, b in zip(feed_0, feed_1, strict=True)],
+            system_0.busy_percent_until(system_1),
+        ),
+        "out_of_order": result["out_of_order"],
+    }
+
+
+def figures(
+    rate: float, reader_cpu: float, feed_cpu: list[float], machine_busy: float
+) -> dict[str, Any]:
+    """The figures of one measurement; ``messages_per_cpu_s`` is the reader's cost per
+    message, which holds even when the machine is too busy for the reader to use a
+    whole core."""
+    return {
+        "messages_per_s": round(rate, 1),
+        "reader_cpu_percent": round(reader_cpu, 1),
+        "feed_cpu_percent": [round(cpu, 1) for cpu in feed_cpu],
+        "machine_busy_percent": round(machine_busy, 1),
+        "messages_per_cpu_s": round(rate / (reader_cpu / 100), 1) if reader_cpu > 0 else 0.0,
+    }
+
+
+def stats_between(worker: WorkerProcess, start: float, end: float) -> tuple[int, float]:
+    """Messages and seconds covered by the worker's "worker stats" lines logged within
+    ``[start, end]`` (epoch seconds): the first line in the window only marks its start."""
+    lines = [
+        (parse_log_time(e["timestamp"]), int(e.get("messages_processed", 0)))
+        for e in worker.logged("worker stats")
+    ]
+    inside = [(t, n) for t, n in lines if start <= t <= end]
+    if len(inside) < 2:
+        raise RuntimeError("fewer than two stats lines in the window")
+    return sum(n for _, n in inside[1:]), inside[-1][0] - inside[0][0]
+
+
+def worker_round(
+    stack: LocalStack, round_no: int, connections: int, warmup: float, window: float
+) -> dict[str, Any]:
+    """One worker owning ``connections`` rate=0 connections; its rate and CPU."""
+    deployment = stack.deployment(f"throughput{round_no}")
+    [worker] = deployment.start_workers(
+        [f"tp{round_no}"],
+        ours(LEASE_SECONDS),
+        handler="benchmarks.handlers:noop_factory",
+        extra={"METRICS_INTERVAL_SECONDS": str(STATS_INTERVAL_S)},
+    )
+    feed_pids = [feed.process.pid for feed in stack.feed_processes]
+    ids = [f"worker{round_no}-{i}" for i in range(connections)]
+    for index, cid in enumerate(ids):
+        deployment.start_connection(cid, stack.feed_url(cid, {"rate": 0}, index=index))
+    wait_until(
+        lambda: len(worker.logged("upstream connected")) >= connections,
+        30,
+        "every connection to be open",
+    )
+    time.sleep(warmup)
+    start, worker_0 = time.time(), CpuSample.take(worker.pid)
+    feed_0 = [CpuSample.take(p) for p in feed_pids]
+    system_0 = SystemCpuSample.take()
+    time.sleep(window)
+    end, worker_1 = time.time(), CpuSample.take(worker.pid)
+    feed_1 = [CpuSample.take(p) for p in feed_pids]
+    system_1 = SystemCpuSample.take()
+    # The stats line that closes the window is logged up to one interval later.
+    wait_until(
+        lambda: any(parse_log_time(e["timestamp"]) > end for e in worker.logged("worker stats")),
+        10,
+        "the stats line after the window",
+    )
+    messages, seconds = stats_between(worker, start, end + STATS_INTERVAL_S)
+    deployment.stop_workers()
+    return figures(
+        messages / seconds,
+        worker_0.percent_until(worker_1),
+        [a.percent_until(b) for a, b in zip(feed_0, feed_1, strict=True)],
+        system_0.busy_percent_until(system_1),
+    )
+
+
+def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
+    rounds: list[dict[str, Any]] = []
+    with LocalStack(work_dir, feeds=args.feeds, feed_rate=0.0) as stack:
+        for round_no in range(1, args.rounds + 1):
+            urls = [
+                stack.feed_url(f"bare{round_no}-{i}", {"rate": 0}, index=i)
+                for i in range(args.connections)
+            ]
+            bare = bare_round(stack, urls, args.warmup, args.window)
+            print(f"  round {round_no} bare client {bare}", flush=True)
+            worker = worker_round(stack, round_no, args.connections, args.warmup, args.window)
+            print(f"  round {round_no} worker      {worker}", flush=True)
+            rounds.append(
+                {
+                    "bare": bare,
+                    "worker": worker,
+                    "ratio": round(worker["messages_per_s"] / bare["messages_per_s"], 3),
+                    "cpu_cost_ratio": round(
+                        bare["messages_per_cpu_s"] / worker["messages_per_cpu_s"], 3
+                    ),
+                }
+            )
+    return {
+        "benchmark": "throughput",
+        "connections": args.connections,
+        "window_s": args.window,
+        "rounds": rounds,
+        "bare_messages_per_s": statistics.median(r["bare"]["messages_per_s"] for r in rounds),
+        "worker_messages_per_s": statistics.median(r["worker"]["messages_per_s"] for r in rounds),
+        "ratio_worker_over_bare": statistics.median(r["ratio"] for r in rounds),
+        "cpu_per_message_worker_over_bare": statistics.median(r["cpu_cost_ratio"] for r in rounds),
+        "machine": machine(),
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    rows = []
+    for number, entry in enumerate(result["rounds"], 1):
+        for name in ("bare", "worker"):
+            r = entry[name]
+            rows.append(
+                [
+                    number,
+                    "bare websockets client" if name == "bare" else "worker, no-op handler",
+                    r["messages_per_s"],
+                    r["reader_cpu_percent"],
+                    r["messages_per_cpu_s"],
+                    " + ".join(f"{cpu:g}" for cpu in r["feed_cpu_percent"]),
+                    r["machine_busy_percent"],
+                    entry["ratio"] if name == "worker" else "",
+                ]
+            )
+    headers = [
+        "round",
+        "reader",
+        "messages/s",
+        "reader CPU %",
+        "messages/CPU-s",
+        "feed CPU %",
+        "machine busy %",
+        "worker / bare",
+    ]
+    return (
+        table(headers, rows)
+        + f"\nmedian throughput ratio worker / bare: {result['ratio_worker_over_bare']}"
+        + "\nmedian CPU per message, worker / bare: "
+        + f"{result['cpu_per_message_worker_over_bare']}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.throughput", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--window", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--feeds", type=int, default=2, help="feed processes, connections spread over them"
+    )
+    args = parser.parse_args(argv)
+    try:
+        with sigterm_as_interrupt(), tempfile.TemporaryDirectory(prefix="throughput-") as tmp:
+            result = run(args, Path(tmp))
+    except KeyboardInterrupt:
+        print("interrupted; every child process has been stopped", file=sys.stderr)
+        return 130
+    emit(
+        f"throughput, {args.connections} connections at rate=0 over {args.feeds} feed "
+        f"processes, {args.window:g} s windows",
+        render(result),
+        result,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
