@@ -1,4 +1,4 @@
-"""SIGINT and SIGTERM of the local stack runner, turned into an orderly shutdown."""
+"""SIGINT, SIGTERM and SIGHUP of the local stack runner, turned into an orderly shutdown."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def _notify(text: str) -> None:
 
 
 class StopRequests:
-    """SIGINT and SIGTERM, turned into an orderly shutdown.
+    """SIGINT, SIGTERM and SIGHUP (the terminal went away), turned into an orderly
+    shutdown: the children run in their own sessions, so nothing else stops them.
 
     The handler never raises while the runner owns children it has not recorded yet, or
     while it shuts down, so an impatient second Ctrl-C cannot leave orphans:
@@ -52,7 +53,7 @@ class StopRequests:
         return self.signal is not None
 
     def install(self) -> None:
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             self._previous[signum] = signal.signal(signum, self._handle)
 
     def restore(self) -> None:

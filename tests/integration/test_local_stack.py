@@ -174,3 +174,53 @@ def test_bad_options_are_refused(args, tmp_path):
     assert result.returncode == 2
     assert "error: argument" in result.stderr
     assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.fleet
+@pytest.mark.timeout(120)
+def test_a_closed_terminal_stops_the_stack_in_order(tmp_path):
+    """SIGHUP (the terminal went away) must not orphan the servers and workers, which
+    run in their own sessions: it is an orderly stop like Ctrl-C."""
+    state_dir = tmp_path / "state"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "local_stack",
+            "--base-port",
+            "0",
+            "--workers",
+            "1",
+            "--connections",
+            "1",
+            "--no-view",
+            "--state-dir",
+            str(state_dir),
+        ],
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        seen = []
+        for line in process.stdout:  # ends at EOF; the pytest timeout bounds a hang
+            seen.append(line)
+            if line.startswith("endpoints:"):
+                break
+        endpoints = ENDPOINTS.search("".join(seen))
+        assert endpoints is not None, "".join(seen)
+        process.send_signal(signal.SIGHUP)
+        rest, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    output = "".join(seen) + rest
+    assert process.returncode == 0, output
+    assert re.search(r"^leases still held: 0$", output, re.MULTILINE), output
+    ports = [int(port) for port in endpoints.groups()]
+    assert [port for port in ports if accepts_tcp(port)] == []
+    assert processes_mentioning(str(state_dir)) == []
