@@ -43,7 +43,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -142,25 +141,13 @@ def scan_items(client: DynamoDBClient, table: str) -> list[ConnectionItem]:
 
 
 def _dynamodb_client(port: int) -> DynamoDBClient:
-    return boto3.session.Session().client(
-        "dynamodb",
-        endpoint_url=services.endpoint_url(port),
-        region_name=LOCAL_REGION,
-        aws_access_key_id=LOCAL_CREDENTIALS,
-        aws_secret_access_key=LOCAL_CREDENTIALS,
-        config=_CLIENT_CONFIG,
-    )
+    client: DynamoDBClient = services.local_client("dynamodb", port, config=_CLIENT_CONFIG)
+    return client
 
 
 def _sqs_client(port: int) -> SQSClient:
-    return boto3.session.Session().client(
-        "sqs",
-        endpoint_url=services.endpoint_url(port),
-        region_name=LOCAL_REGION,
-        aws_access_key_id=LOCAL_CREDENTIALS,
-        aws_secret_access_key=LOCAL_CREDENTIALS,
-        config=_CLIENT_CONFIG,
-    )
+    client: SQSClient = services.local_client("sqs", port, config=_CLIENT_CONFIG)
+    return client
 
 
 # --- the stack -------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import boto3
 from botocore.config import Config
@@ -189,26 +189,33 @@ def _await_ready(
         raise
 
 
-def _dynamodb_client(port: int) -> DynamoDBClient:
+def local_client(
+    service: str,
+    port: int,
+    *,
+    config: Config | None = None,
+    region: str = LOCAL_REGION,
+    key: str = LOCAL_CREDENTIALS,
+) -> Any:
+    """A boto3 client of a local server on ``127.0.0.1:port`` (any credentials do)."""
     return boto3.session.Session().client(
-        "dynamodb",
+        service,  # type: ignore[call-overload]
         endpoint_url=endpoint_url(port),
-        region_name=LOCAL_REGION,
-        aws_access_key_id=LOCAL_CREDENTIALS,
-        aws_secret_access_key=LOCAL_CREDENTIALS,
-        config=_PROBE_CONFIG,
+        region_name=region,
+        aws_access_key_id=key,
+        aws_secret_access_key=key,
+        config=config,
     )
+
+
+def _dynamodb_client(port: int) -> DynamoDBClient:
+    client: DynamoDBClient = local_client("dynamodb", port, config=_PROBE_CONFIG)
+    return client
 
 
 def _sqs_client(port: int) -> SQSClient:
-    return boto3.session.Session().client(
-        "sqs",
-        endpoint_url=endpoint_url(port),
-        region_name=LOCAL_REGION,
-        aws_access_key_id=LOCAL_CREDENTIALS,
-        aws_secret_access_key=LOCAL_CREDENTIALS,
-        config=_PROBE_CONFIG,
-    )
+    client: SQSClient = local_client("sqs", port, config=_PROBE_CONFIG)
+    return client
 
 
 def dynamodb_local_dir(repo_root: Path = REPO_ROOT) -> Path:

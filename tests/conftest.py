@@ -13,6 +13,7 @@ from botocore.config import Config
 
 from local_stack import services
 from local_stack.resources import Queues, create_connection_table, create_start_queue
+from tests.router.local_api import local_router
 from tests.support.fleet import Fleet
 
 LOCAL_CREDENTIALS = {
@@ -77,6 +78,20 @@ def table(ddb) -> Iterator[str]:
 @pytest.fixture
 def queues(sqs) -> Queues:
     return create_start_queue(sqs, unique_name("starts"), max_receive_count=2, visibility_timeout=2)
+
+
+@pytest.fixture
+def router_api(monkeypatch, table, queues, dynamodb_endpoint, moto_endpoint) -> Iterator[str]:
+    """The real router Lambda handler through the local HTTP adapter, against DynamoDB
+    Local and moto's SQS; its base URL."""
+    with local_router(
+        monkeypatch,
+        table=table,
+        queue_url=queues.queue_url,
+        dynamodb_endpoint=dynamodb_endpoint,
+        sqs_endpoint=moto_endpoint,
+    ) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

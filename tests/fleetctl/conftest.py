@@ -13,9 +13,6 @@ from typing import Any
 
 import pytest
 
-from local_stack.resources import Queues
-from tests.router.local_api import local_router
-
 VIEW = {
     "connection_id": "stubbed",
     "state": "STARTED",
@@ -102,20 +99,7 @@ def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def router_api(
-    monkeypatch: pytest.MonkeyPatch,
-    table: str,
-    queues: Queues,
-    dynamodb_endpoint: str,
-    moto_endpoint: str,
-) -> Iterator[str]:
-    """The real router through the local adapter (DynamoDB Local, moto SQS)."""
-    with local_router(
-        monkeypatch,
-        table=table,
-        queue_url=queues.queue_url,
-        dynamodb_endpoint=dynamodb_endpoint,
-        sqs_endpoint=moto_endpoint,
-    ) as url:
-        monkeypatch.delenv("FLEET_API_URL", raising=False)
-        yield url
+def router_api(router_api: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The shared router fixture, with no FLEET_API_URL of the caller's leaking in."""
+    monkeypatch.delenv("FLEET_API_URL", raising=False)
+    return router_api

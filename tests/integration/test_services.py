@@ -11,17 +11,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import boto3
 import pytest
 from websockets.asyncio.client import connect
 
+from local_stack import services
 from local_stack.services import (
     LOCAL_CREDENTIALS,
     LOCAL_REGION,
     ManagedProcess,
     ServiceStartError,
     dynamodb_local_dir,
-    endpoint_url,
     free_port,
     start_dynamodb_local,
     start_feed,
@@ -37,23 +36,13 @@ if TYPE_CHECKING:
 def _dynamodb(
     port: int, region: str = LOCAL_REGION, key: str = LOCAL_CREDENTIALS
 ) -> DynamoDBClient:
-    return boto3.session.Session().client(
-        "dynamodb",
-        endpoint_url=endpoint_url(port),
-        region_name=region,
-        aws_access_key_id=key,
-        aws_secret_access_key=key,
-    )
+    client: DynamoDBClient = services.local_client("dynamodb", port, region=region, key=key)
+    return client
 
 
 def _sqs(port: int) -> SQSClient:
-    return boto3.session.Session().client(
-        "sqs",
-        endpoint_url=endpoint_url(port),
-        region_name=LOCAL_REGION,
-        aws_access_key_id=LOCAL_CREDENTIALS,
-        aws_secret_access_key=LOCAL_CREDENTIALS,
-    )
+    client: SQSClient = services.local_client("sqs", port)
+    return client
 
 
 @pytest.fixture
