@@ -4,15 +4,13 @@ seeded schedule of every fault kind for 25 s; the run must report zero violation
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.processes import run_module
+
 SHORT_RUN = ["--duration", "25", "--workers", "3", "--connections", "12"]
 RUN_TIMEOUT_S = 200
 
@@ -20,34 +18,7 @@ pytestmark = pytest.mark.fleet
 
 
 def run_chaos(args: list[str]) -> subprocess.CompletedProcess[str]:
-    """Run the chaos run to completion; on a hang, stop it before failing."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.chaos", *args],
-        cwd=REPO_ROOT,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        out, err = process.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        out, err = interrupt(process)
-        pytest.fail(f"chaos run did not finish in {RUN_TIMEOUT_S} s\n{out}\n{err}")
-    except BaseException:  # the test's own timeout, Ctrl-C: stop the run first
-        interrupt(process)
-        raise
-    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
-
-
-def interrupt(process: subprocess.Popen[str]) -> tuple[str, str]:
-    """SIGINT (the run stops its children in order), then SIGKILL after 30 s."""
-    process.send_signal(signal.SIGINT)
-    try:
-        return process.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        return process.communicate()
+    return run_module("benchmarks.chaos", args, RUN_TIMEOUT_S)
 
 
 def summary_of(stdout: str) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.processes import run_module
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENDPOINTS = re.compile(
     r"^endpoints: dynamodb=http://127\.0\.0\.1:(\d+) sqs=http://127\.0\.0\.1:(\d+) "
@@ -24,27 +26,7 @@ DEMO_SEQ = re.compile(r"\b(demo-\d+) seq=(\d+)")
 
 
 def run_local_stack(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run the runner to completion. On a hang, SIGINT it (it then stops its children in
-    order) before failing, so a broken run does not leak servers into the test run."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "local_stack", *args],
-        cwd=REPO_ROOT,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.send_signal(signal.SIGINT)
-        try:
-            out, err = process.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            out, err = process.communicate()
-        pytest.fail(f"local_stack still running after {timeout} s\n{out}\n{err}")
-    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    return run_module("local_stack", args, timeout)
 
 
 def accepts_tcp(port: int) -> bool:

@@ -1,0 +1,44 @@
+"""Running a module of the project to completion as a child process, in tests."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def interrupt(process: subprocess.Popen[str]) -> tuple[str, str]:
+    """SIGINT (our runners then stop their children in order), SIGKILL after 30 s."""
+    process.send_signal(signal.SIGINT)
+    try:
+        return process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.communicate()
+
+
+def run_module(module: str, args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` to completion. On a hang, or when the test itself is
+    interrupted, the child is stopped first, so a broken run leaks no servers."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        out, err = interrupt(process)
+        pytest.fail(f"python -m {module} still running after {timeout} s\n{out}\n{err}")
+    except BaseException:  # the test's own timeout, Ctrl-C: stop the child first
+        interrupt(process)
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
