@@ -27,10 +27,21 @@ from wsfleet import lease_rules
 from wsfleet import metric_names as m
 from wsfleet.backoff import backoff_delays
 from wsfleet.lease_rules import Lease, RenewRefusal
-from wsfleet.lease_store import LeaseStore, Renewed
+from wsfleet.lease_store import LeaseStore, Released, Renewed
 from wsfleet.timing import LeaseTiming
 
 log = logging.getLogger(__name__)
+
+TASK_STOP_SECONDS = 2.0
+"""How long a cancelled reader or renewer may take to finish (an upstream close
+handshake included) before it is left behind."""
+
+
+def _being_cancelled() -> bool:
+    """True when the current task has a cancellation request of its own (from
+    ``Task.cancel``), as opposed to a ``CancelledError`` a handler raised by itself."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class Ending(enum.Enum):
@@ -69,6 +80,9 @@ class Outcome:
     ending: Ending
     released: bool
     last_seq: int
+    restarted: bool = False
+    """Started again by the router under a newer generation, seen by the renew or the
+    release: the worker takes it again at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,9 +113,11 @@ class ConnectionRunner:
         self._next_renew = acquire_sent_at + settings.timing.heartbeat
         self._ending: asyncio.Future[Ending] = asyncio.get_running_loop().create_future()
         self._stopping = False
+        self._drain_deadline = self._deadline
         self._idle = asyncio.Event()
         self._idle.set()
         self._handler_scope: asyncio.Timeout | None = None
+        self._closed: asyncio.Task[None] | None = None
 
     @property
     def connection_id(self) -> str:
@@ -115,28 +131,99 @@ class ConnectionRunner:
         """Ask the connection to end; :meth:`run` returns once it has."""
         self._end(ending)
 
+    async def wait_closed(self) -> None:
+        """Return once the tasks of an ended connection have finished (bounded)."""
+        if self._closed is not None:
+            await asyncio.shield(self._closed)
+
     async def run(self) -> Outcome:
+        """Run until the connection ends, then release it (when the ending says so)
+        with the final checkpoint. Cancelling ``run`` cuts the wait for the handler
+        call in flight short, but the release still happens before it returns."""
         reader = asyncio.create_task(self._read_loop(), name=f"read:{self.connection_id}")
         renewer = asyncio.create_task(self._renew_loop(), name=f"renew:{self.connection_id}")
         reader.add_done_callback(self._task_ended)
         renewer.add_done_callback(self._task_ended)
         try:
             ending = await self._ending
-        except asyncio.CancelledError:
-            self._stopping = True
+            # Order (docs/DESIGN.md, lease protocol): stop reading, let the handler call
+            # in flight finish by the deadline fixed at the stop, then release with the
+            # final checkpoint. A lost lease stops at once.
+            if ending.graceful:
+                await self._drain()
+        finally:
+            # Every path, cancellation included: a graceful stop that is cancelled
+            # still gives the lease back with what was handled.
+            self._end(Ending.SHUTDOWN)
+            ending = self._ending.result()
             reader.cancel()
             renewer.cancel()
-            raise
-        # Order (DESIGN section 3): stop reading, let the handler call in flight
-        # finish (it is bounded by the fence deadline), then release with the final
-        # checkpoint. A lost lease stops at once.
+            await self._quiesce()
+            released = await self._release() if ending.releases else None
+            # The upstream socket may take a moment to close (its close handshake
+            # waits behind frames that piled up); the release and the handoff do not
+            # wait for it: nothing can be handled on it any more.
+            self._closed = asyncio.create_task(
+                self._join(reader, renewer), name=f"close:{self.connection_id}"
+            )
+            self._log_end(ending, released)
+        return Outcome(
+            ending,
+            released is not None and released.released,
+            self.checkpoint,
+            restarted=ending is Ending.RESTARTED or (released is not None and released.restarted),
+        )
+
+    # --- ending ------------------------------------------------------------------------
+
+    def _end(self, ending: Ending) -> None:
+        """Decide the ending; the first decision wins. No handler call starts after
+        this step, whatever the ending; a graceful one fixes the deadline of the call
+        in flight now, so renews during the drain cannot stretch it."""
+        if self._ending.done():
+            return
         self._stopping = True
         if ending.graceful:
-            await self._idle.wait()
-        reader.cancel()
-        renewer.cancel()
-        await asyncio.gather(reader, renewer, return_exceptions=True)
-        released = await self._release() if ending.releases else False
+            now = asyncio.get_running_loop().time()
+            self._drain_deadline = min(self._deadline, now + self._s.timing.drain_budget)
+            if self._handler_scope is not None:
+                self._handler_scope.reschedule(self._drain_deadline)
+        self._ending.set_result(ending)
+
+    async def _drain(self) -> None:
+        """Wait for the handler call in flight, until the drain deadline."""
+        try:
+            async with asyncio.timeout_at(self._drain_deadline):
+                await self._idle.wait()
+        except TimeoutError:
+            log.warning(
+                "handler call still running at the drain deadline; cutting it short",
+                extra={"connection_id": self.connection_id, "epoch": self.lease.epoch},
+            )
+
+    async def _quiesce(self) -> None:
+        """After cancelling the reader: wait until no handler call is in flight, so
+        the checkpoint is final before it is released."""
+        try:
+            async with asyncio.timeout(TASK_STOP_SECONDS):
+                await self._idle.wait()
+        except TimeoutError:
+            # A handler that swallows cancellation: its call may go on, but no new
+            # call can start (the connection is ending), so the release goes ahead.
+            log.error(
+                "handler call did not stop when cancelled",
+                extra={"connection_id": self.connection_id, "epoch": self.lease.epoch},
+            )
+
+    async def _join(self, *tasks: asyncio.Task[None]) -> None:
+        _, pending = await asyncio.wait(tasks, timeout=TASK_STOP_SECONDS)
+        for task in pending:
+            log.error(
+                "connection task did not stop when cancelled",
+                extra={"connection_id": self.connection_id, "task": task.get_name()},
+            )
+
+    def _log_end(self, ending: Ending, released: Released | None) -> None:
         if ending in (Ending.LOST, Ending.FENCED):
             self._s.metrics.count(m.LEASES_LOST)
         log.info(
@@ -145,31 +232,21 @@ class ConnectionRunner:
                 "connection_id": self.connection_id,
                 "epoch": self.lease.epoch,
                 "ending": ending.value,
-                "released": released,
+                "released": released is not None and released.released,
                 "last_seq": self.checkpoint,
             },
         )
-        return Outcome(ending, released, self.checkpoint)
-
-    # --- ending ------------------------------------------------------------------------
-
-    def _end(self, ending: Ending) -> None:
-        if not self._ending.done():
-            self._ending.set_result(ending)
 
     def _task_ended(self, task: asyncio.Task[None]) -> None:
-        """Neither task ends on its own while the connection runs; one that did has a
-        bug. Whether the lease is still held is then unknown: fence."""
-        if self._ending.done() or task.cancelled():
+        """Neither task ends on its own while the connection runs, not even cancelled
+        (only :meth:`run` cancels them, once the ending is decided); one that did has
+        a bug. Whether the lease is still held is then unknown: fence and release."""
+        if self._ending.done():
             return
-        error = task.exception()
+        error = "cancelled" if task.cancelled() else repr(task.exception())
         log.error(
             "connection task ended unexpectedly",
-            extra={
-                "connection_id": self.connection_id,
-                "task": task.get_name(),
-                "error": repr(error),
-            },
+            extra={"connection_id": self.connection_id, "task": task.get_name(), "error": error},
         )
         self._fence(f"{task.get_name()} ended unexpectedly")
 
@@ -182,24 +259,44 @@ class ConnectionRunner:
         self._end(Ending.FENCED)
 
     def _stop_requested(self) -> bool:
+        # A method, not the attribute: other tasks change it while this one awaits.
         return self._stopping
 
     def _may_handle(self) -> bool:
         return lease_rules.may_handle(asyncio.get_running_loop().time(), self._deadline)
 
-    async def _release(self) -> bool:
+    async def _release(self) -> Released | None:
+        """Release with the final checkpoint, retrying errors (throttling, timeouts)
+        with backoff for up to the release budget; None when it never got an answer."""
         loop = asyncio.get_running_loop()
-        try:
-            released = await loop.run_in_executor(
-                None, self._s.store.release, self.lease, self.checkpoint, self._s.wall_ms()
-            )
-        except Exception:
-            # The lease then lapses on its own and the reconciler reassigns it.
-            log.exception("release failed", extra={"connection_id": self.connection_id})
-            return False
-        if released:
-            self._s.metrics.count(m.LEASES_RELEASED)
-        return released
+        s = self._s
+        give_up_at = loop.time() + s.timing.release_budget
+        delays = backoff_delays(
+            initial=0.05, maximum=max(0.05, s.timing.heartbeat / 2), rng=s.rng.random
+        )
+        while True:
+            try:
+                released = await loop.run_in_executor(
+                    None, s.store.release, self.lease, self.checkpoint, s.wall_ms()
+                )
+            except Exception as error:
+                delay = next(delays)
+                if loop.time() + delay >= give_up_at:
+                    # The lease then lapses on its own and a reconcile reassigns it.
+                    log.error(
+                        "release failed; giving up",
+                        extra={"connection_id": self.connection_id, "error": repr(error)},
+                    )
+                    return None
+                log.warning(
+                    "release failed, retrying",
+                    extra={"connection_id": self.connection_id, "error": repr(error)},
+                )
+                await asyncio.sleep(delay)
+                continue
+            if released.released:
+                s.metrics.count(m.LEASES_RELEASED)
+            return released
 
     # --- renewing ----------------------------------------------------------------------
 
@@ -207,7 +304,7 @@ class ConnectionRunner:
         deadline = lease_rules.fence_deadline(renew_sent_at, self._s.timing)
         if deadline > self._deadline:
             self._deadline = deadline
-            if self._handler_scope is not None:
+            if self._handler_scope is not None and not self._stopping:
                 self._handler_scope.reschedule(deadline)
 
     async def _renew_loop(self) -> None:
@@ -338,11 +435,13 @@ class ConnectionRunner:
                 async with scope:
                     self._handler_scope = scope
                     await s.handler.handle(delivery)
-            except Exception as error:
+            except (Exception, asyncio.CancelledError) as error:
+                if isinstance(error, asyncio.CancelledError) and _being_cancelled():
+                    raise  # the runner is stopping this task, not a handler failure
                 if isinstance(error, TimeoutError) and scope.expired():
                     self._fence("handler call ran into the fence deadline")
                     return False
-                failure: Exception | None = error
+                failure: BaseException | None = error
             else:
                 failure = None
             finally:

@@ -171,14 +171,19 @@ class Worker:
         finally:
             del self._runners[connection_id]
             await self.capacity.release()
-        if outcome is None or not outcome.released:
-            return
+        if outcome is not None and outcome.released:
+            await self._after_release(connection_id, outcome)
+        await runner.wait_closed()
+
+    async def _after_release(self, connection_id: str, outcome: Outcome) -> None:
         if self._closing or outcome.ending is Ending.SHUTDOWN:
             if self.config.reassign_on_release:
                 await self._send_reassign(connection_id)
-        elif outcome.ending is Ending.RESTARTED:
-            # Restarted (maybe with a new URL) while we held it: take it again at
-            # once with the new generation instead of waiting for a reconcile.
+        elif outcome.restarted:
+            # Restarted (maybe with a new URL) while we held it, seen by the renew or
+            # by the release: take it again at once with the new generation instead of
+            # waiting for a reconcile (the router's start hint may already have been
+            # consumed as "already mine").
             result = await self.acquire(connection_id)
             log.info(
                 "re-acquired after restart",
@@ -233,8 +238,7 @@ class Worker:
         count = len(self._runners)
         for runner in list(self._runners.values()):
             runner.stop(Ending.SHUTDOWN)
-        if self._owning:
-            await asyncio.wait(set(self._owning), timeout=self.config.timing.lease)
+        await self._wait_for_connections()
         handed_back = await drained
         self._flush_and_log()
         log.info(
@@ -245,6 +249,27 @@ class Worker:
                 "seconds": round(time.monotonic() - started, 3),
             },
         )
+
+    async def _wait_for_connections(self) -> None:
+        """Every runner drains (bounded by its fence deadline) and releases (bounded
+        by the release budget); one still running after both is cancelled, which cuts
+        its drain short but still releases it with its final checkpoint."""
+        if not self._owning:
+            return
+        timing = self.config.timing
+        _, stragglers = await asyncio.wait(set(self._owning), timeout=timing.shutdown_budget)
+        if not stragglers:
+            return
+        log.error(
+            "connections still ending after the shutdown budget; cancelling them",
+            extra={
+                "connections": sorted(t.get_name().removeprefix("own:") for t in stragglers),
+                "budget_seconds": timing.shutdown_budget,
+            },
+        )
+        for task in stragglers:
+            task.cancel()
+        await asyncio.wait(stragglers, timeout=timing.release_budget + 1.0)
 
     async def _stamp_health(self) -> None:
         while True:
@@ -262,7 +287,11 @@ class Worker:
     def _flush_and_log(self) -> None:
         lateness = self.metrics.lateness_summary()
         counts = self.metrics.snapshot()
-        self.metrics.flush(self._wall_ms())
+        try:
+            self.metrics.flush(self._wall_ms())
+        except Exception:
+            # Metrics must never take the worker down with them (it owns leases).
+            log.exception("metrics flush failed")
         log.info(
             "worker stats",
             extra={

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from typing import TextIO
+from typing import Final, TextIO
 
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import (
@@ -19,6 +19,10 @@ from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import (
 )
 
 from wsfleet import metric_names as m
+
+VALUES_PER_DOCUMENT: Final = 99
+"""Values of one metric per EMF document: EMF takes up to 100, and Powertools
+publishes a metric on its own the moment it holds 100."""
 
 
 class FleetMetrics:
@@ -75,24 +79,48 @@ class FleetMetrics:
         """Counts since the last flush (for logs and tests)."""
         return dict(self._counts)
 
-    def flush(self, timestamp_ms: int | None = None) -> dict[str, object]:
-        """Write one EMF line with this period's values, reset the counters, return it."""
-        emf = self._emf
-        emf.add_dimension(name=m.SERVICE_DIMENSION, value=self._service)
-        emf.add_dimensions(**{m.SERVICE_DIMENSION: self._service, m.TASK_DIMENSION: self._task_id})
-        emf.add_metric(name=m.ACTIVE_CONNECTIONS, unit=MetricUnit.Count, value=self._active())
-        for name, value in self._counts.items():
-            emf.add_metric(name=name, unit=MetricUnit.Count, value=value)
-        for latency in self._takeover_latencies:
-            emf.add_metric(name=m.TAKEOVER_LATENCY_MS, unit=MetricUnit.Milliseconds, value=latency)
-        if timestamp_ms is not None:
-            emf.set_timestamp(timestamp_ms)
-        document = dict(emf.serialize_metric_set())
-        emf.clear_metrics()
+    def flush(self, timestamp_ms: int | None = None) -> list[dict[str, object]]:
+        """Write this period's EMF lines, reset the counters, return the documents.
+
+        The first document carries every counter and ActiveConnections exactly once,
+        with up to :data:`VALUES_PER_DOCUMENT` takeover latencies; further latencies
+        follow in documents of their own, so none is dropped. Powertools publishes a
+        metric by itself (to stdout, then empties its set) once it holds 100 values;
+        keeping each document below that means everything goes out through here.
+        """
+        latencies = self._takeover_latencies
+        chunks = [
+            latencies[start : start + VALUES_PER_DOCUMENT]
+            for start in range(0, len(latencies), VALUES_PER_DOCUMENT)
+        ] or [[]]
+        documents = [
+            self._document(chunk, timestamp_ms, with_counters=index == 0)
+            for index, chunk in enumerate(chunks)
+        ]
         self._counts = dict.fromkeys(m.COUNTERS, 0)
         self._takeover_latencies = []
         self._renew_lateness = []
         out = self._out or sys.stdout
-        out.write(json.dumps(document, separators=(",", ":")) + "\n")
+        out.write("".join(json.dumps(doc, separators=(",", ":")) + "\n" for doc in documents))
         out.flush()
-        return document
+        return documents
+
+    def _document(
+        self, latencies: list[float], timestamp_ms: int | None, *, with_counters: bool
+    ) -> dict[str, object]:
+        emf = self._emf
+        emf.clear_metrics()
+        emf.add_dimension(name=m.SERVICE_DIMENSION, value=self._service)
+        emf.add_dimensions(**{m.SERVICE_DIMENSION: self._service, m.TASK_DIMENSION: self._task_id})
+        if with_counters:
+            emf.add_metric(name=m.ACTIVE_CONNECTIONS, unit=MetricUnit.Count, value=self._active())
+            for name, value in self._counts.items():
+                emf.add_metric(name=name, unit=MetricUnit.Count, value=value)
+        for latency in latencies:
+            emf.add_metric(name=m.TAKEOVER_LATENCY_MS, unit=MetricUnit.Milliseconds, value=latency)
+        if timestamp_ms is not None:
+            emf.set_timestamp(timestamp_ms)
+        try:
+            return dict(emf.serialize_metric_set())
+        finally:
+            emf.clear_metrics()

@@ -60,6 +60,7 @@ _START_NAMES = {
     "#epoch": schema.LEASE_EPOCH,
     "#seq": schema.LAST_SEQ,
     "#gen": schema.START_GEN,
+    "#seqgen": schema.SEQ_GEN,
     "#created": schema.CREATED_AT_MS,
     "#updated": schema.UPDATED_AT_MS,
     "#ttl": schema.EXPIRES_AT,
@@ -78,7 +79,8 @@ def start_update(
     ``url_changed=False``: create the item, or restart a STOPPED one with the same
     URL, keeping its checkpoint. ``url_changed=True``: restart a STOPPED one whose
     URL differs; the checkpoint of the old stream means nothing for the new one, so
-    ``last_seq`` goes back to 0.
+    ``last_seq`` goes back to 0 and ``seq_gen`` goes up by one (a final checkpoint of
+    the old stream, released late, must not land on the new one).
     """
     values: dict[str, Any] = {
         ":started": schema.STARTED,
@@ -95,8 +97,13 @@ def start_update(
         "#epoch = if_not_exists(#epoch, :zero)",
         "#created = if_not_exists(#created, :now)",
         "#updated = :now",
-        "#seq = :zero" if url_changed else "#seq = if_not_exists(#seq, :zero)",
     ]
+    adds = ["#gen :one"]
+    if url_changed:
+        sets.append("#seq = :zero")
+        adds.append("#seqgen :one")
+    else:
+        sets += ["#seq = if_not_exists(#seq, :zero)", "#seqgen = if_not_exists(#seqgen, :zero)"]
     names = dict(_START_NAMES)
     if metadata is not None:
         names["#meta"] = schema.METADATA
@@ -108,7 +115,7 @@ def start_update(
     else:
         condition = "attribute_not_exists(#pk) OR (#state = :stopped AND #url = :url)"
     return {
-        "UpdateExpression": f"SET {', '.join(sets)} ADD #gen :one REMOVE #ttl",
+        "UpdateExpression": f"SET {', '.join(sets)} ADD {', '.join(adds)} REMOVE #ttl",
         "ConditionExpression": condition,
         "ExpressionAttributeNames": names,
         "ExpressionAttributeValues": {k: to_attribute(v) for k, v in values.items()},

@@ -24,6 +24,7 @@ _KNOWN = {
     schema.LEASE_TOKEN,
     schema.LAST_SEQ,
     schema.START_GEN,
+    schema.SEQ_GEN,
     schema.CREATED_AT_MS,
     schema.UPDATED_AT_MS,
     schema.EXPIRES_AT,
@@ -63,6 +64,7 @@ class ConnectionItem:
     lease_token: str | None = None
     last_seq: int = 0
     start_gen: int = 0
+    seq_gen: int = 0
     created_at_ms: int | None = None
     updated_at_ms: int | None = None
     expires_at: int | None = None
@@ -81,6 +83,7 @@ class ConnectionItem:
             lease_token=plain.get(schema.LEASE_TOKEN),
             last_seq=int(plain.get(schema.LAST_SEQ, 0)),
             start_gen=int(plain.get(schema.START_GEN, 0)),
+            seq_gen=int(plain.get(schema.SEQ_GEN, 0)),
             created_at_ms=_opt_int(plain.get(schema.CREATED_AT_MS)),
             updated_at_ms=_opt_int(plain.get(schema.UPDATED_AT_MS)),
             expires_at=_opt_int(plain.get(schema.EXPIRES_AT)),

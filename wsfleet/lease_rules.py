@@ -51,6 +51,7 @@ _NAMES = {
     "#token": schema.LEASE_TOKEN,
     "#seq": schema.LAST_SEQ,
     "#gen": schema.START_GEN,
+    "#seqgen": schema.SEQ_GEN,
     "#updated": schema.UPDATED_AT_MS,
 }
 
@@ -110,6 +111,8 @@ class Lease:
     expires_at_ms: int
     takeover_latency_ms: int | None = None
     """Set when the lease was taken over after lapsing (not a first start or a release)."""
+    seq_gen: int = 0
+    """The item's ``seq_gen`` when acquired: the final checkpoint belongs to it."""
 
 
 def lease_won(old: ConnectionItem, owner: str, now_ms: int, timing: LeaseTiming) -> Lease:
@@ -124,6 +127,7 @@ def lease_won(old: ConnectionItem, owner: str, now_ms: int, timing: LeaseTiming)
         last_seq=old.last_seq,
         expires_at_ms=now_ms + timing.lease_ms,
         takeover_latency_ms=max(0, now_ms - old.lease_expires_at_ms) if lapsed_holder else None,
+        seq_gen=old.seq_gen,
     )
 
 
@@ -157,6 +161,7 @@ def acquire_failure(old: ConnectionItem | None, owner: str, token: str) -> Acqui
             ws_url=old.ws_url,
             last_seq=old.last_seq,
             expires_at_ms=old.lease_expires_at_ms,
+            seq_gen=old.seq_gen,
         )
     if not old.started:
         return AcquireRefusal.STOPPED
@@ -236,20 +241,21 @@ def renew_failure(old: ConnectionItem | None, lease: Lease) -> RenewRefusal:
 def release_update(lease: Lease, last_seq: int | None, now_ms: int) -> ConditionalUpdate:
     """Give the lease back so others may take it at once (expiry 0).
 
-    With ``last_seq`` the final checkpoint is written, but only while the start
-    generation is still the one it belongs to: after a restart the router may have
-    reset ``last_seq`` for a new URL, and an old checkpoint must not overwrite that.
-    Without it (``None``) only the lease is given back.
+    With ``last_seq`` the final checkpoint is written, but only while ``seq_gen`` is
+    still the one it belongs to: a restart with the same URL keeps the stream (and
+    so this checkpoint), while a restart with a new URL resets ``last_seq`` and bumps
+    ``seq_gen``, and an old checkpoint must not overwrite that reset. Without
+    ``last_seq`` (``None``) only the lease is given back.
     """
     names = _names("#owner", "#token", "#epoch", "#expiry", "#updated")
     values = _values(me=lease.owner, epoch=lease.epoch, zero=0, now=now_ms)
     update = "REMOVE #owner, #token SET #expiry = :zero, #updated = :now"
     condition = "#owner = :me AND #epoch = :epoch"
     if last_seq is not None:
-        names |= _names("#seq", "#gen")
-        values |= _values(seq=last_seq, gen=lease.start_gen)
+        names |= _names("#seq", "#seqgen")
+        values |= _values(seq=last_seq, seqgen=lease.seq_gen)
         update += ", #seq = :seq"
-        condition += " AND #gen = :gen"
+        condition += " AND #seqgen = :seqgen"
     return ConditionalUpdate(update, condition, names, values)
 
 
@@ -258,13 +264,21 @@ class ReleaseOutcome(enum.Enum):
     NOT_HELD = "not_held"
     """Another owner or epoch, or no item: nothing of ours to release."""
     RETRY_WITHOUT_CHECKPOINT = "retry_without_checkpoint"
-    """Still ours, but restarted since: release without writing the old checkpoint."""
+    """Still ours, but the checkpoint was reset since (a restart with a new URL):
+    release without writing the old checkpoint."""
 
 
 def release_failure(old: ConnectionItem | None, lease: Lease) -> ReleaseOutcome:
     if old is None or old.lease_owner != lease.owner or old.lease_epoch != lease.epoch:
         return ReleaseOutcome.NOT_HELD
     return ReleaseOutcome.RETRY_WITHOUT_CHECKPOINT
+
+
+def restarted_since(item: ConnectionItem, lease: Lease) -> bool:
+    """The router started the connection again after ``lease`` was acquired (it is
+    STARTED under a newer ``start_gen``): whoever notices first, renew or release,
+    takes it again at once instead of waiting for a reconcile."""
+    return item.started and item.start_gen != lease.start_gen
 
 
 # --- orphans and fencing ---------------------------------------------------------------

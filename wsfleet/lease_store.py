@@ -30,6 +30,23 @@ class Renewed:
     expires_at_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class Released:
+    """What a release did."""
+
+    released: bool
+    """The lease was still ours and is now free."""
+    restarted: bool
+    """The item was STARTED under a newer ``start_gen`` when released."""
+    checkpointed: bool
+    """The final checkpoint was written (``seq_gen`` unchanged)."""
+
+    @classmethod
+    def of(cls, old: ConnectionItem | None, lease: Lease, *, checkpointed: bool) -> Released:
+        restarted = old is not None and lease_rules.restarted_since(old, lease)
+        return cls(released=True, restarted=restarted, checkpointed=checkpointed)
+
+
 class LeaseStore:
     """acquire / renew / release / find orphans, exactly per DESIGN section 3.
 
@@ -73,28 +90,31 @@ class LeaseStore:
             return lease_rules.renew_failure(failed.old, lease)
         return Renewed(expires_at_ms=now_ms + self._timing.lease_ms)
 
-    def release(self, lease: Lease, last_seq: int, now_ms: int) -> bool:
-        """Give the lease back with the final checkpoint; True if it was still ours."""
+    def release(self, lease: Lease, last_seq: int, now_ms: int) -> Released:
+        """Give the lease back with the final checkpoint (kept only while ``seq_gen``
+        is unchanged). Errors other than a failed condition propagate: the outcome is
+        then unknown and the caller may try again (the write is conditional on owner
+        and epoch, so a retry can never free a newer hold)."""
         try:
-            self._update(
+            old = self._update(
                 lease.connection_id,
                 lease_rules.release_update(lease, last_seq, now_ms),
-                return_values="NONE",
+                return_values="ALL_OLD",
             )
-            return True
+            return Released.of(old, lease, checkpointed=True)
         except ConditionFailedError as failed:
             outcome = lease_rules.release_failure(failed.old, lease)
         if outcome is ReleaseOutcome.NOT_HELD:
-            return False
+            return Released(released=False, restarted=False, checkpointed=False)
         try:
-            self._update(
+            old = self._update(
                 lease.connection_id,
                 lease_rules.release_update(lease, None, now_ms),
-                return_values="NONE",
+                return_values="ALL_OLD",
             )
-            return True
         except ConditionFailedError:
-            return False
+            return Released(released=False, restarted=False, checkpointed=False)
+        return Released.of(old, lease, checkpointed=False)
 
     def find_orphans(self, now_ms: int, limit: int) -> list[str]:
         """Ids of STARTED connections whose lease is free or lapsed, from the GSI

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
+
+MAX_DRAIN_SECONDS: Final = 30.0
+"""Longest wait for a handler call in flight when a connection ends gracefully."""
+MAX_RELEASE_SECONDS: Final = 30.0
+"""Longest time spent retrying a release that failed with an error (not a condition)."""
 
 
 class InvalidTimingError(ValueError):
@@ -73,6 +79,26 @@ class LeaseTiming:
         """Seconds after a renew was *sent* during which its holder may still handle
         messages: ``lease - skew - margin``."""
         return self.lease - self.skew - self.margin
+
+    @property
+    def drain_budget(self) -> float:
+        """Longest wait, from a graceful stop, for the handler call in flight: never
+        past the fence deadline of that moment (itself at most ``fence_after`` away),
+        and never past :data:`MAX_DRAIN_SECONDS`."""
+        return min(self.fence_after, MAX_DRAIN_SECONDS)
+
+    @property
+    def release_budget(self) -> float:
+        """How long a release that failed with an error is retried: about as long as
+        the lease would take to lapse by itself, at most :data:`MAX_RELEASE_SECONDS`."""
+        return min(self.lease, MAX_RELEASE_SECONDS)
+
+    @property
+    def shutdown_budget(self) -> float:
+        """The longest a graceful shutdown waits for its connections to end: the
+        drain, the release retries and a second for the rest (well inside ECS's
+        120 s stop timeout at any lease)."""
+        return self.drain_budget + self.release_budget + 1.0
 
     def crash_failover_bound(self) -> float:
         """What DESIGN promises for a crashed holder: lease + skew + 1.2 x reconcile + 1 s."""

@@ -48,7 +48,7 @@ def test_sixteen_racing_acquirers_have_exactly_one_winner_every_round(store, con
             now = T0 + round_no * 100_000  # every previous lease has lapsed by now
             if holder is not None and round_no % 2:
                 # Alternate a released lease and a lapsed one as the starting point.
-                assert store.release(holder, 0, now)
+                assert store.release(holder, 0, now).released
 
             def race(i: int, now: int = now) -> object:
                 barrier.wait(timeout=30)
@@ -129,14 +129,14 @@ def test_late_renew_cannot_move_the_expiry_backwards(store, control):
 def test_release_then_acquire_by_another_resumes_from_the_checkpoint(store, control):
     control.start("c", URL, T0)
     lease = won(store.acquire("c", "w1", T0))
-    assert store.release(lease, 77, T0 + 1_000)
+    assert store.release(lease, 77, T0 + 1_000).released
     released = store.get("c")
     assert released is not None
     assert (released.lease_owner, released.lease_expires_at_ms) == (None, 0)
     taken = won(store.acquire("c", "w2", T0 + 1_001))
     assert (taken.epoch, taken.last_seq) == (2, 77)
     assert taken.takeover_latency_ms is None  # a handoff, not a takeover
-    assert not store.release(lease, 80, T0 + 2_000)  # the old holder has nothing left
+    assert not store.release(lease, 80, T0 + 2_000).released  # the old holder has nothing left
 
 
 def test_acquire_of_stopped_or_unknown_fails(store, control):
@@ -164,7 +164,7 @@ def test_a_new_attempt_never_adopts_an_older_hold_whose_release_is_in_flight(sto
     old = won(store.acquire("c", "w1", T0, token="attempt-1"))
     again = store.acquire("c", "w1", T0 + 19_000, token="attempt-2")
     assert again is AcquireRefusal.HELD
-    assert store.release(old, 7, T0 + 19_500)  # the late release lands
+    assert store.release(old, 7, T0 + 19_500).released  # the late release lands
     taken = won(store.acquire("c", "w2", T0 + 19_600))
     assert taken.epoch == 2
     item = store.get("c")
@@ -188,7 +188,9 @@ def test_release_after_restart_with_new_url_keeps_the_reset_checkpoint(store, co
     control.stop("c", T0 + 2_000)
     restarted = control.start("c", "wss://feed.example/b", T0 + 3_000)
     assert restarted.outcome is StartOutcome.RESTARTED
-    assert store.release(lease, 60, T0 + 4_000)  # released, without the stale checkpoint
+    released = store.release(lease, 60, T0 + 4_000)
+    assert (released.released, released.checkpointed) == (True, False)  # not the stale seq
+    assert released.restarted  # the release saw the new start: the holder takes it again
     item = store.get("c")
     assert item is not None
     assert (item.last_seq, item.ws_url, item.start_gen, item.lease_owner) == (
@@ -204,7 +206,7 @@ def test_release_after_restart_with_new_url_keeps_the_reset_checkpoint(store, co
 def test_restart_with_the_same_url_keeps_the_checkpoint(store, control):
     control.start("c", URL, T0)
     lease = won(store.acquire("c", "w1", T0))
-    assert store.release(lease, 12, T0 + 1)
+    assert store.release(lease, 12, T0 + 1).released
     control.stop("c", T0 + 2)
     item = store.get("c")
     assert item is not None
@@ -239,8 +241,46 @@ def test_orphan_query_finds_free_and_lapsed_but_not_live_or_stopped(store, contr
         control.start(cid, URL, T0)
     won(store.acquire("lapsed", "w1", T0 - 30_000))
     won(store.acquire("live", "w1", T0))
-    assert store.release(won(store.acquire("released", "w1", T0)), 0, T0)
+    assert store.release(won(store.acquire("released", "w1", T0)), 0, T0).released
     control.stop("stopped", T0)
     orphans = set(store.find_orphans(T0 + 1, limit=100))
     assert orphans == {"never", "lapsed", "released"}
     assert len(store.find_orphans(T0 + 1, limit=2)) == 2
+
+
+def test_release_after_restart_with_the_same_url_keeps_the_final_checkpoint(store, control):
+    """Renewed at 10, stopped, started again with the same URL, released with 15: the
+    stream is the same, so 15 must land, or the next owner delivers 11..15 again."""
+    control.start("c", URL, T0)
+    lease = won(store.acquire("c", "w1", T0))
+    assert isinstance(store.renew(lease, 10, T0 + 1_000), Renewed)
+    control.stop("c", T0 + 2_000)
+    assert control.start("c", URL, T0 + 3_000).outcome is StartOutcome.RESTARTED
+    released = store.release(lease, 15, T0 + 4_000)
+    assert (released.released, released.checkpointed, released.restarted) == (True, True, True)
+    again = won(store.acquire("c", "w2", T0 + 4_001))
+    assert (again.last_seq, again.start_gen) == (15, 2)
+
+
+def test_seq_gen_moves_only_when_the_router_resets_the_checkpoint(store, control):
+    control.start("c", URL, T0)
+    first = won(store.acquire("c", "w1", T0))
+    assert first.seq_gen == 0
+    assert store.release(first, 3, T0 + 1).released
+    for step, url in enumerate([URL, URL, "wss://feed.example/b", "wss://feed.example/b"]):
+        control.stop("c", T0 + 10 + 2 * step)
+        control.start("c", url, T0 + 11 + 2 * step)
+    item = store.get("c")
+    assert item is not None
+    assert (item.start_gen, item.seq_gen, item.last_seq) == (5, 1, 0)
+
+
+def test_a_plain_stop_release_reports_no_restart(store, control):
+    control.start("c", URL, T0)
+    lease = won(store.acquire("c", "w1", T0))
+    control.stop("c", T0 + 1_000)
+    released = store.release(lease, 4, T0 + 2_000)
+    assert (released.released, released.checkpointed, released.restarted) == (True, True, False)
+    item = store.get("c")
+    assert item is not None
+    assert (item.last_seq, item.desired_state, item.lease_owner) == (4, schema.STOPPED, None)

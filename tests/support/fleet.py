@@ -142,6 +142,21 @@ class Fleet:
             r.worker for r in self.records() if r.connection_id == connection_id and r.t > after
         }
 
+    def handled_seqs(self, connection_id: str) -> list[int]:
+        """Seqs whose handler call returned (``handled-*.txt`` of the recording handler)."""
+        seqs: list[int] = []
+        for path in sorted(self.record_dir.glob("handled-*.txt")):
+            for line in path.read_text().splitlines():
+                cid, _, seq = line.partition(" ")
+                if cid == connection_id and seq.isdigit():
+                    seqs.append(int(seq))
+        return seqs
+
+    def handled_by_all(self, connection_ids: list[str], worker_id: str, *, after: float) -> bool:
+        """Every connection has a delivery by ``worker_id`` after ``after``."""
+        seen = {r.connection_id for r in self.records() if r.worker == worker_id and r.t > after}
+        return set(connection_ids) <= seen
+
     def highest_seq(self, connection_id: str) -> int:
         return max((r.seq for r in self.records() if r.connection_id == connection_id), default=0)
 

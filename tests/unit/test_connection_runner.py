@@ -8,6 +8,7 @@ import io
 import random
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -18,7 +19,7 @@ from worker.delivery import Delivery
 from worker.metrics import FleetMetrics
 from worker.upstream_protocol import JsonSeqProtocol
 from wsfleet.lease_rules import Lease, RenewRefusal
-from wsfleet.lease_store import Renewed
+from wsfleet.lease_store import Released, Renewed
 from wsfleet.timing import LeaseTiming
 
 pytestmark = pytest.mark.timeout(30)
@@ -38,6 +39,8 @@ class ScriptedStore:
     releases: list[tuple[int, int]] = field(default_factory=list)
     unblock: threading.Event = field(default_factory=threading.Event)
     renews: int = 0
+    release_errors: int = 0  # the first N release attempts raise, as a throttle would
+    release_attempts: int = 0
 
     def renew(self, lease: Lease, last_seq: int, now_ms: int) -> Renewed | RenewRefusal:
         self.renews += 1
@@ -53,20 +56,38 @@ class ScriptedStore:
             return answer
         return Renewed(now_ms + TIMING.lease_ms)
 
-    def release(self, lease: Lease, last_seq: int, now_ms: int) -> bool:
+    def release(self, lease: Lease, last_seq: int, now_ms: int) -> Released:
+        self.release_attempts += 1
+        if self.release_attempts <= self.release_errors:
+            raise ConnectionError("throttled")
         self.releases.append((lease.epoch, last_seq))
-        return True
+        return Released(released=True, restarted=False, checkpointed=True)
 
 
 class Recorder:
-    def __init__(self, delay: float = 0.0) -> None:
+    """Records handler calls. ``delay``: seconds each call takes; ``slow_from``: only
+    calls from this seq on take that long. ``on_seq``: a hook run inside the call of
+    that seq, before it returns (it may raise)."""
+
+    def __init__(
+        self,
+        delay: float = 0.0,
+        *,
+        slow_from: int = 0,
+        on_seq: dict[int, Callable[[], Awaitable[None]]] | None = None,
+    ) -> None:
         self.entered: list[tuple[float, int]] = []
         self.finished: list[int] = []
         self.delay = delay
+        self.slow_from = slow_from
+        self.on_seq = dict(on_seq or {})
 
     async def handle(self, delivery: Delivery) -> None:
         self.entered.append((asyncio.get_running_loop().time(), delivery.seq))
-        if self.delay:
+        hook = self.on_seq.pop(delivery.seq, None)
+        if hook is not None:
+            await hook()
+        if self.delay and delivery.seq >= self.slow_from:
             await asyncio.sleep(self.delay)
         self.finished.append(delivery.seq)
 
@@ -189,3 +210,125 @@ async def test_a_crashed_task_fences_the_connection_instead_of_hanging(feed_url)
     store.renew_answer = "crash"
     outcome = await asyncio.wait_for(task, 3)
     assert outcome.ending is Ending.FENCED
+
+
+# --- hardening: every ending releases, a held lease always means messages flow -------
+
+
+async def test_a_handler_raising_cancelled_error_is_a_handler_failure_not_a_silent_hold(
+    feed_url,
+):
+    """A handler that raises CancelledError on its own (a pool cancelling its futures)
+    must not end the reader as "cancelled" and leave the lease renewed with nothing
+    delivered: it is a handler failure, retried, and the connection keeps flowing."""
+
+    async def cancelled() -> None:
+        raise asyncio.CancelledError
+
+    store = ScriptedStore()
+    handler = Recorder(on_seq={3: cancelled})
+    runner = make_runner(store, handler, feed_url)
+    task = asyncio.create_task(runner.run())
+    await wait_for(lambda: len(handler.finished) >= 8, 5)
+    assert [seq for _, seq in handler.entered].count(3) == 2  # failed once, then retried
+    assert handler.finished[:8] == list(range(1, 9))
+    runner.stop()
+    outcome = await asyncio.wait_for(task, 3)
+    assert outcome.ending is Ending.SHUTDOWN
+
+
+async def test_a_reader_cancelled_from_outside_fences_and_releases(feed_url):
+    """Whenever the reader ends while the connection is not ending, even cancelled by
+    something other than the runner, the connection fences and releases."""
+    store = ScriptedStore()
+    handler = Recorder()
+    runner = make_runner(store, handler, feed_url)
+    task = asyncio.create_task(runner.run())
+    await wait_for(lambda: len(handler.finished) >= 2, 5)
+    (reader,) = [t for t in asyncio.all_tasks() if t.get_name() == "read:c1"]
+    reader.cancel()
+    outcome = await asyncio.wait_for(task, 3)
+    assert outcome.ending is Ending.FENCED
+    assert store.releases == [(4, outcome.last_seq)]
+
+
+async def test_a_stop_bounds_the_call_in_flight_by_the_deadline_of_that_moment(feed_url):
+    """Renews go on during a graceful ending; they must not stretch the deadline of
+    the call in flight, or a slow handler holds the shutdown open without end."""
+    store = ScriptedStore()
+    handler = Recorder(delay=30.0, slow_from=3)
+    runner = make_runner(store, handler, feed_url)
+    task = asyncio.create_task(runner.run())
+    await wait_for(lambda: len(handler.entered) >= 3, 5)  # seq 3 is in flight, slowly
+    loop = asyncio.get_running_loop()
+    stopped_at = loop.time()
+    deadline_at_stop = runner.fence_deadline
+    runner.stop()
+    outcome = await asyncio.wait_for(task, 2 * TIMING.fence_after)
+    assert loop.time() <= deadline_at_stop + 0.5
+    assert loop.time() - stopped_at < 2 * TIMING.fence_after
+    assert handler.finished == [1, 2]  # seq 3 was cut short, so it is not checkpointed
+    assert store.renews >= 1
+    assert (outcome.ending, outcome.last_seq, outcome.released) == (Ending.SHUTDOWN, 2, True)
+    assert store.releases == [(4, 2)]
+
+
+async def test_cancelling_run_still_releases_with_the_final_checkpoint(feed_url):
+    """A shutdown that runs out of patience cancels the runner: the lease must still
+    be given back with the checkpoint, not left to lapse."""
+    store = ScriptedStore()
+    handler = Recorder(delay=30.0, slow_from=4)
+    runner = make_runner(store, handler, feed_url)
+    task = asyncio.create_task(runner.run())
+    await wait_for(lambda: len(handler.entered) >= 4, 5)
+    runner.stop()  # draining seq 4 ...
+    await asyncio.sleep(0)
+    task.cancel()  # ... and cancelled while draining
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 3)
+    assert store.releases == [(4, 3)]
+
+
+async def test_a_failed_release_is_retried(feed_url):
+    store = ScriptedStore(release_errors=2)
+    handler = Recorder()
+    runner = make_runner(store, handler, feed_url)
+    task = asyncio.create_task(runner.run())
+    await wait_for(lambda: len(handler.finished) >= 3, 5)
+    runner.stop()
+    outcome = await asyncio.wait_for(task, 2 * TIMING.release_budget)
+    assert store.release_attempts == 3
+    assert outcome.released
+    assert store.releases == [(4, outcome.last_seq)]
+    assert outcome.last_seq >= 3
+
+
+async def test_a_release_that_keeps_failing_gives_up_within_its_budget(feed_url):
+    store = ScriptedStore(release_errors=1_000)
+    handler = Recorder()
+    runner = make_runner(store, handler, feed_url)
+    task = asyncio.create_task(runner.run())
+    await wait_for(lambda: len(handler.finished) >= 1, 5)
+    runner.stop()
+    outcome = await asyncio.wait_for(task, 2 * TIMING.release_budget)
+    assert not outcome.released
+    assert store.release_attempts > 2
+
+
+@pytest.mark.parametrize("ending", [Ending.LOST, Ending.GONE, Ending.FENCED])
+async def test_an_ending_that_is_not_graceful_stops_new_calls_in_the_same_step(feed_url, ending):
+    """Decided while more frames are already buffered: not one more handler call may
+    start, not even before ``run`` wakes up to act on the ending."""
+    runner: ConnectionRunner | None = None
+
+    async def lose_it() -> None:
+        await asyncio.sleep(0.2)  # let frames 4, 5, ... pile up in the socket
+        assert runner is not None
+        runner.stop(ending)  # what the renewer does when it sees another owner
+
+    store = ScriptedStore()
+    handler = Recorder(on_seq={3: lose_it})
+    runner = make_runner(store, handler, feed_url)
+    outcome = await asyncio.wait_for(runner.run(), 3)
+    assert outcome.ending is ending
+    assert [seq for _, seq in handler.entered] == [1, 2, 3]

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from worker.config import DEFAULT_HEALTH_FILE, HEALTH_FILE
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "worker" / "Dockerfile"
 
@@ -55,3 +57,11 @@ def test_image_requirements_are_pinned():
     pins = [line for line in lines if line and not line.startswith("#")]
     assert pins
     assert all(re.fullmatch(r"[A-Za-z0-9_.\[\],-]+==[0-9][0-9A-Za-z.]*", pin) for pin in pins), pins
+
+
+def test_the_image_and_the_worker_agree_on_the_health_file():
+    """The worker stamps and the health command checks the same file only if the
+    image does not set another one than the worker's default."""
+    settings = " ".join(rest for keyword, rest in instructions() if keyword in ("ENV", "ARG"))
+    set_here = re.findall(rf"{HEALTH_FILE}[= ](\S+)", settings)
+    assert set_here in ([], [DEFAULT_HEALTH_FILE]), set_here

@@ -20,6 +20,7 @@ from wsfleet.lease_rules import (
     release_update,
     renew_failure,
     renew_update,
+    restarted_since,
 )
 from wsfleet.timing import LeaseTiming
 
@@ -190,14 +191,36 @@ def test_renew_update_checkpoints_in_the_same_write():
         assert clause in update.condition_expression
 
 
-def test_release_with_checkpoint_requires_the_same_generation():
-    with_seq = release_update(lease(), 99, NOW)
-    assert "#gen = :gen" in with_seq.condition_expression
+def test_release_with_checkpoint_requires_the_same_seq_generation():
+    """Not the start generation: a restart with the same URL keeps the stream, and the
+    final checkpoint with it; only a reset (new URL, new ``seq_gen``) drops it."""
+    with_seq = release_update(lease(seq_gen=3), 99, NOW)
+    assert "#seqgen = :seqgen" in with_seq.condition_expression
+    assert "#gen" not in with_seq.condition_expression
+    assert with_seq.values[":seqgen"] == {"N": "3"}
     assert with_seq.values[":seq"] == {"N": "99"}
     without = release_update(lease(), None, NOW)
     assert ":seq" not in without.values
-    assert "#gen" not in without.condition_expression
+    assert "#seqgen" not in without.condition_expression
     assert "REMOVE #owner, #token" in without.update_expression
+
+
+@pytest.mark.parametrize(
+    ("old", "restarted"),
+    [
+        (item(start_gen=1), False),  # the generation it was acquired under
+        (item(start_gen=2), True),  # started again since
+        (item(start_gen=2, desired_state=schema.STOPPED), False),  # and stopped again
+        (item(start_gen=1, desired_state=schema.STOPPED), False),  # only stopped
+    ],
+)
+def test_restarted_since(old, restarted):
+    assert restarted_since(old, lease()) is restarted
+
+
+def test_acquire_learns_the_seq_generation():
+    won = lease_won(item(seq_gen=4), ME, NOW, TIMING)
+    assert won.seq_gen == 4
 
 
 @pytest.mark.parametrize(

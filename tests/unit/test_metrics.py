@@ -2,6 +2,8 @@ import io
 import json
 import time
 
+import pytest
+
 from worker.metrics import FleetMetrics
 from wsfleet import metric_names as m
 
@@ -69,3 +71,35 @@ def test_renew_lateness_is_summarised_per_period_and_reset():
     assert summary["max_ms"] == 99.0
     metrics.flush()
     assert metrics.lateness_summary() == {"renews": 0}
+
+
+@pytest.mark.parametrize("takeovers", [99, 100, 150, 250])
+def test_a_mass_takeover_never_breaks_the_flush(capsys, takeovers):
+    """Powertools publishes a metric on its own at 100 values and empties its set;
+    the period's flush must still work, write nothing behind our back, carry every
+    counter and the gauge exactly once, and drop no latency."""
+    metrics, out = make()
+    metrics.count(m.LEASES_ACQUIRED, takeovers)
+    for ms in range(takeovers):
+        metrics.takeover_latency(1000 + ms)
+    documents = metrics.flush(timestamp_ms=int(time.time() * 1000))
+    assert capsys.readouterr().out == ""  # nothing printed outside our stream
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert lines == documents
+    once = [m.ACTIVE_CONNECTIONS, *m.COUNTERS]
+    for name in once:
+        assert sum(name in doc for doc in lines) == 1, name
+    assert lines[0][m.LEASES_ACQUIRED] == [float(takeovers)]
+    latencies = [v for doc in lines for v in doc.get(m.TAKEOVER_LATENCY_MS, [])]
+    assert sorted(latencies) == [1000.0 + ms for ms in range(takeovers)]
+    for doc in lines:
+        assert len(doc.get(m.TAKEOVER_LATENCY_MS, [])) < 100  # EMF's limit per document
+        (directive,) = doc["_aws"]["CloudWatchMetrics"]
+        assert directive["Dimensions"] == [["Service"], ["Service", "TaskId"]]
+        assert {d["Name"] for d in directive["Metrics"]} == {
+            k for k in doc if k not in ("_aws", "Service", "TaskId")
+        }
+    # The next period is whole again.
+    metrics.flush()
+    last = json.loads(out.getvalue().splitlines()[-1])
+    assert all(last[name] == [0.0] for name in m.COUNTERS)

@@ -156,7 +156,7 @@ def checkpoint(ddb: Any, table: str, connection_id: str, last_seq: int) -> Lease
     lease = store.acquire(connection_id, "test-worker", now)
     assert isinstance(lease, Lease), lease
     store.renew(lease, last_seq, now + 1)
-    assert store.release(lease, last_seq, now + 2)
+    assert store.release(lease, last_seq, now + 2).released
     return lease
 
 
