@@ -2,9 +2,14 @@
 lease with the checkpoint, and end the moment the lease is in doubt.
 
 Two tasks run per connection: the reader (connect with resume, receive, deliver,
-reconnect with backoff) and the renewer (one conditional write per heartbeat). The
-fence deadline ``sent_at(last successful renew) + lease - skew - margin`` is checked
-synchronously before every handler call and bounds each call, so a paused or
+reconnect with backoff) and the renewer (one conditional write per heartbeat). Every
+decision (duplicate, gap or next frame; call the handler or not; retry, skip or fence
+after a failure; what a renew's answer means; how the connection ends) is taken by
+the pure :class:`~worker.connection_state.ConnectionState`; this module is the
+plumbing around it: sockets, tasks, timers, the store, logs and metrics.
+
+The fence deadline ``sent_at(last successful renew) + lease - skew - margin`` is
+checked synchronously before every handler call and bounds each call, so a paused or
 partitioned worker never hands over a message after another worker may have taken
 the lease, even when no condition ever failed.
 """
@@ -12,7 +17,6 @@ the lease, even when no condition ever failed.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import random
 from collections.abc import Callable
@@ -20,10 +24,10 @@ from dataclasses import dataclass
 
 from websockets.asyncio.client import ClientConnection, connect
 
+from worker.connection_state import Call, ConnectionState, Ending, Failure, Frame, RenewStep
 from worker.delivery import Delivery, Handler
 from worker.metrics import FleetMetrics
 from worker.upstream_protocol import Message, Reply, Unreadable, UpstreamProtocol
-from wsfleet import lease_rules
 from wsfleet import metric_names as m
 from wsfleet.backoff import backoff_delays
 from wsfleet.lease_rules import Lease, RenewRefusal
@@ -42,37 +46,6 @@ def _being_cancelled() -> bool:
     ``Task.cancel``), as opposed to a ``CancelledError`` a handler raised by itself."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
-
-
-class Ending(enum.Enum):
-    """Why a connection stopped running on this worker."""
-
-    SHUTDOWN = "shutdown"
-    STOPPED = "stopped"
-    RESTARTED = "restarted"
-    GONE = "gone"
-    LOST = "lost"
-    FENCED = "fenced"
-
-    @property
-    def graceful(self) -> bool:
-        """The lease is ours: finish the handler call in flight, then release."""
-        return self in (Ending.SHUTDOWN, Ending.STOPPED, Ending.RESTARTED)
-
-    @property
-    def releases(self) -> bool:
-        # FENCED: ownership is unknown (DynamoDB unreachable or the process was
-        # paused); the release is conditional on owner and epoch, so trying costs
-        # nothing when another worker holds it and frees it at once when not.
-        return self.graceful or self is Ending.FENCED
-
-
-_REFUSAL_ENDINGS = {
-    RenewRefusal.LOST: Ending.LOST,
-    RenewRefusal.STOPPED: Ending.STOPPED,
-    RenewRefusal.RESTARTED: Ending.RESTARTED,
-    RenewRefusal.GONE: Ending.GONE,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,12 +81,13 @@ class ConnectionRunner:
         """``acquire_sent_at``: loop time taken just before the acquire was sent."""
         self._s = settings
         self.lease = lease
-        self.checkpoint = lease.last_seq
-        self._deadline = lease_rules.fence_deadline(acquire_sent_at, settings.timing)
-        self._next_renew = acquire_sent_at + settings.timing.heartbeat
-        self._ending: asyncio.Future[Ending] = asyncio.get_running_loop().create_future()
-        self._stopping = False
-        self._drain_deadline = self._deadline
+        self.state = ConnectionState(
+            settings.timing,
+            checkpoint=lease.last_seq,
+            acquired_at=acquire_sent_at,
+            skip_failed_messages=settings.skip_failed_messages,
+        )
+        self._ended: asyncio.Future[Ending] = asyncio.get_running_loop().create_future()
         self._idle = asyncio.Event()
         self._idle.set()
         self._handler_scope: asyncio.Timeout | None = None
@@ -124,8 +98,12 @@ class ConnectionRunner:
         return self.lease.connection_id
 
     @property
+    def checkpoint(self) -> int:
+        return self.state.checkpoint
+
+    @property
     def fence_deadline(self) -> float:
-        return self._deadline
+        return self.state.deadline
 
     def stop(self, ending: Ending = Ending.SHUTDOWN) -> None:
         """Ask the connection to end; :meth:`run` returns once it has."""
@@ -145,17 +123,17 @@ class ConnectionRunner:
         reader.add_done_callback(self._task_ended)
         renewer.add_done_callback(self._task_ended)
         try:
-            ending = await self._ending
-            # Order (docs/DESIGN.md, lease protocol): stop reading, let the handler call
-            # in flight finish by the deadline fixed at the stop, then release with the
-            # final checkpoint. A lost lease stops at once.
+            ending = await self._ended
+            # Order (docs/DESIGN.md §3): stop reading, let the handler call in flight
+            # finish by the deadline fixed at the stop, then release with the final
+            # checkpoint. A lost lease stops at once.
             if ending.graceful:
                 await self._drain()
         finally:
             # Every path, cancellation included: a graceful stop that is cancelled
             # still gives the lease back with what was handled.
             self._end(Ending.SHUTDOWN)
-            ending = self._ending.result()
+            ending = self._ended.result()
             reader.cancel()
             renewer.cancel()
             await self._quiesce()
@@ -176,24 +154,39 @@ class ConnectionRunner:
 
     # --- ending ------------------------------------------------------------------------
 
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
     def _end(self, ending: Ending) -> None:
-        """Decide the ending; the first decision wins. No handler call starts after
-        this step, whatever the ending; a graceful one fixes the deadline of the call
-        in flight now, so renews during the drain cannot stretch it."""
-        if self._ending.done():
+        """Decide the ending (the first decision wins). No handler call starts after
+        this step, whatever the ending; a graceful one bounds the call in flight by
+        the deadline of this moment."""
+        self.state.end(ending, self._now())
+        self._carry_ending()
+
+    def _carry_ending(self) -> None:
+        """Carry an ending the state decided into the runner, in the same step: bound
+        the call in flight by its new deadline and wake :meth:`run`."""
+        ending = self.state.ending
+        if ending is None or self._ended.done():
             return
-        self._stopping = True
-        if ending.graceful:
-            now = asyncio.get_running_loop().time()
-            self._drain_deadline = min(self._deadline, now + self._s.timing.drain_budget)
-            if self._handler_scope is not None:
-                self._handler_scope.reschedule(self._drain_deadline)
-        self._ending.set_result(ending)
+        if self._handler_scope is not None:
+            self._handler_scope.reschedule(self.state.call_deadline)
+        self._ended.set_result(ending)
+
+    def _fenced(self, why: str) -> None:
+        """The state has just fenced the connection (or had already ended it)."""
+        if not self._ended.done():
+            log.warning(
+                "fenced: stop handling",
+                extra={"connection_id": self.connection_id, "epoch": self.lease.epoch, "why": why},
+            )
+        self._end(Ending.FENCED)
 
     async def _drain(self) -> None:
         """Wait for the handler call in flight, until the drain deadline."""
         try:
-            async with asyncio.timeout_at(self._drain_deadline):
+            async with asyncio.timeout_at(self.state.drain_deadline):
                 await self._idle.wait()
         except TimeoutError:
             log.warning(
@@ -224,7 +217,7 @@ class ConnectionRunner:
             )
 
     def _log_end(self, ending: Ending, released: Released | None) -> None:
-        if ending in (Ending.LOST, Ending.FENCED):
+        if ending.loses_lease:
             self._s.metrics.count(m.LEASES_LOST)
         log.info(
             "connection ended",
@@ -241,29 +234,18 @@ class ConnectionRunner:
         """Neither task ends on its own while the connection runs, not even cancelled
         (only :meth:`run` cancels them, once the ending is decided); one that did has
         a bug. Whether the lease is still held is then unknown: fence and release."""
-        if self._ending.done():
+        if self._ended.done():
             return
         error = "cancelled" if task.cancelled() else repr(task.exception())
         log.error(
             "connection task ended unexpectedly",
             extra={"connection_id": self.connection_id, "task": task.get_name(), "error": error},
         )
-        self._fence(f"{task.get_name()} ended unexpectedly")
-
-    def _fence(self, why: str) -> None:
-        if not self._ending.done():
-            log.warning(
-                "fenced: stop handling",
-                extra={"connection_id": self.connection_id, "epoch": self.lease.epoch, "why": why},
-            )
-        self._end(Ending.FENCED)
+        self._fenced(f"{task.get_name()} ended unexpectedly")
 
     def _stop_requested(self) -> bool:
         # A method, not the attribute: other tasks change it while this one awaits.
-        return self._stopping
-
-    def _may_handle(self) -> bool:
-        return lease_rules.may_handle(asyncio.get_running_loop().time(), self._deadline)
+        return self.state.stopping
 
     async def _release(self) -> Released | None:
         """Release with the final checkpoint, retrying errors (throttling, timeouts)
@@ -300,62 +282,61 @@ class ConnectionRunner:
 
     # --- renewing ----------------------------------------------------------------------
 
-    def _extend(self, renew_sent_at: float) -> None:
-        deadline = lease_rules.fence_deadline(renew_sent_at, self._s.timing)
-        if deadline > self._deadline:
-            self._deadline = deadline
-            if self._handler_scope is not None and not self._stopping:
-                self._handler_scope.reschedule(deadline)
-
     async def _renew_loop(self) -> None:
         loop = asyncio.get_running_loop()
-        timing = self._s.timing
+        state = self.state
         while True:
-            await asyncio.sleep(max(0.0, min(self._next_renew, self._deadline) - loop.time()))
-            if not self._may_handle():
-                self._fence("no successful renew before the fence deadline")
+            await asyncio.sleep(max(0.0, state.renew_wake_at() - loop.time()))
+            if not state.before_renew(loop.time()):
+                self._fenced("no successful renew before the fence deadline")
                 return
             sent_at = loop.time()
-            self._s.metrics.renew_lateness(sent_at - self._next_renew)
-            try:
-                async with asyncio.timeout_at(self._deadline):
-                    result = await loop.run_in_executor(
-                        None, self._s.store.renew, self.lease, self.checkpoint, self._s.wall_ms()
-                    )
-            except TimeoutError:
-                if not self._may_handle():
-                    self._fence("renew still pending at the fence deadline")
-                    return
-                result = None
-            except Exception as error:
-                log.warning(
-                    "renew failed, retrying",
-                    extra={"connection_id": self.connection_id, "error": repr(error)},
-                )
-                result = None
+            self._s.metrics.renew_lateness(sent_at - state.next_renew)
+            result = await self._send_renew()
             if result is None:
                 self._s.metrics.count(m.RENEW_FAILURES)
-                self._next_renew = loop.time() + timing.heartbeat / 4
-                continue
-            self._next_renew = sent_at + timing.heartbeat
-            if isinstance(result, Renewed):
-                self._extend(sent_at)
-            elif not result.keeps_lease:
+                if state.renew_failed(loop.time()) is RenewStep.FENCE:
+                    self._fenced("no successful renew before the fence deadline")
+                    return
+            elif isinstance(result, Renewed):
+                moved = state.renewed(sent_at)
+                if moved is not None and self._handler_scope is not None:
+                    self._handler_scope.reschedule(moved)
+            else:
                 if result is RenewRefusal.LOST:
                     self._s.metrics.count(m.RENEW_FAILURES)
-                log.info(
-                    "renew refused",
-                    extra={"connection_id": self.connection_id, "reason": result.value},
+                if state.renew_refused(result, sent_at, loop.time()) is RenewStep.END:
+                    log.info(
+                        "renew refused",
+                        extra={"connection_id": self.connection_id, "reason": result.value},
+                    )
+                    self._carry_ending()
+                    return
+
+    async def _send_renew(self) -> Renewed | RenewRefusal | None:
+        """One renew attempt, bounded by the fence deadline; None when its outcome
+        is unknown (an error, or no answer in time)."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout_at(self.state.deadline):
+                return await loop.run_in_executor(
+                    None, self._s.store.renew, self.lease, self.checkpoint, self._s.wall_ms()
                 )
-                self._end(_REFUSAL_ENDINGS[result])
-                return
+        except TimeoutError:
+            return None
+        except Exception as error:
+            log.warning(
+                "renew failed, retrying",
+                extra={"connection_id": self.connection_id, "error": repr(error)},
+            )
+            return None
 
     # --- reading -----------------------------------------------------------------------
 
     async def _read_loop(self) -> None:
         s = self._s
         delays = backoff_delays(initial=0.25, maximum=30.0, rng=s.rng.random)
-        while not self._stopping:
+        while not self._stop_requested():
             url = s.protocol.resume_url(self.lease.ws_url, self.checkpoint)
             delivered_before = self.checkpoint
             try:
@@ -401,9 +382,10 @@ class ConnectionRunner:
                 extra={"connection_id": self.connection_id, "reason": frame.reason},
             )
             return True
-        if frame.seq <= self.checkpoint:
-            return True  # a duplicate of something already handled
-        if frame.seq != self.checkpoint + 1:
+        verdict = self.state.classify(frame.seq)
+        if verdict is Frame.DUPLICATE:
+            return True
+        if verdict is Frame.GAP:
             log.warning(
                 "gap in upstream seqs; reconnecting to resume",
                 extra={
@@ -419,49 +401,62 @@ class ConnectionRunner:
         """Hand one message to the handler until it is handled (or skipped); False
         when the connection must stop reading instead."""
         s = self._s
+        state = self.state
+        loop = asyncio.get_running_loop()
         delivery = Delivery(
             self.connection_id, self.lease.epoch, message.seq, message.payload, s.worker_id
         )
         delays = backoff_delays(initial=0.1, maximum=10.0, rng=s.rng.random)
         while True:
-            if self._stopping:
+            call = state.before_call(loop.time())
+            if call is Call.FENCE:
+                self._fenced("fence deadline passed before a handler call")
+            if call is not Call.GO:
                 return False
-            if not self._may_handle():
-                self._fence("fence deadline passed before a handler call")
-                return False
-            self._idle.clear()
-            scope = asyncio.timeout_at(self._deadline)
-            try:
-                async with scope:
-                    self._handler_scope = scope
-                    await s.handler.handle(delivery)
-            except (Exception, asyncio.CancelledError) as error:
-                if isinstance(error, asyncio.CancelledError) and _being_cancelled():
-                    raise  # the runner is stopping this task, not a handler failure
-                if isinstance(error, TimeoutError) and scope.expired():
-                    self._fence("handler call ran into the fence deadline")
-                    return False
-                failure: BaseException | None = error
-            else:
-                failure = None
-            finally:
-                self._handler_scope = None
-                self._idle.set()
+            failure = await self._call_handler(delivery)
             if failure is None:
-                self.checkpoint = message.seq
+                state.call_returned(message.seq)
                 s.metrics.count(m.MESSAGES_PROCESSED)
                 return True
+            hit_deadline = isinstance(failure, DeadlineReachedError)
+            verdict = state.call_failed(message.seq, loop.time(), hit_deadline=hit_deadline)
+            if verdict is Failure.FENCE:
+                self._fenced("handler call ran into the fence deadline")
+                return False
             s.metrics.count(m.HANDLER_ERRORS)
             log.error(
                 "handler failed"
-                + ("; message skipped" if s.skip_failed_messages else "; retrying"),
+                + ("; message skipped" if verdict is Failure.SKIP else "; retrying"),
                 extra={
                     "connection_id": self.connection_id,
                     "seq": message.seq,
                     "error": repr(failure),
                 },
             )
-            if s.skip_failed_messages:
-                self.checkpoint = message.seq
+            if verdict is Failure.SKIP:
                 return True
             await asyncio.sleep(next(delays))
+
+    async def _call_handler(self, delivery: Delivery) -> BaseException | None:
+        """One handler call bounded by the call deadline; what it raised, if anything
+        (:class:`DeadlineReachedError` when the deadline cut it)."""
+        self._idle.clear()
+        scope = asyncio.timeout_at(self.state.call_deadline)
+        try:
+            async with scope:
+                self._handler_scope = scope
+                await self._s.handler.handle(delivery)
+        except (Exception, asyncio.CancelledError) as error:
+            if isinstance(error, asyncio.CancelledError) and _being_cancelled():
+                raise  # the runner is stopping this task, not a handler failure
+            if isinstance(error, TimeoutError) and scope.expired():
+                return DeadlineReachedError()
+            return error
+        finally:
+            self._handler_scope = None
+            self._idle.set()
+        return None
+
+
+class DeadlineReachedError(Exception):
+    """The handler call was cut by its deadline."""

@@ -16,7 +16,8 @@ from worker import health
 from worker.acquire_result import AcquireResult
 from worker.capacity import Capacity
 from worker.config import WorkerConfig
-from worker.connection import ConnectionRunner, ConnectionSettings, Ending, Outcome
+from worker.connection import ConnectionRunner, ConnectionSettings, Outcome
+from worker.connection_state import Ending
 from worker.delivery import Handler
 from worker.metrics import FleetMetrics
 from worker.reconciler import Reconciler

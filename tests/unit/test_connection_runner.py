@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from local_stack.feed import serve_feed
-from worker.connection import ConnectionRunner, ConnectionSettings, Ending
+from worker.connection import ConnectionRunner, ConnectionSettings
+from worker.connection_state import Ending
 from worker.delivery import Delivery
 from worker.metrics import FleetMetrics
 from worker.upstream_protocol import JsonSeqProtocol
