@@ -1,4 +1,4 @@
-"""The connection table of DESIGN section 2, with its keys-only state index."""
+"""The connection table of docs/DESIGN.md §2, with its keys-only state index."""
 
 from __future__ import annotations
 

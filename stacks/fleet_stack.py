@@ -1,4 +1,5 @@
-"""The whole system of DESIGN section 1 in one stack: the constructs and their wiring."""
+"""The whole system of docs/DESIGN.md §1 in one stack: the constructs and their
+wiring."""
 
 from __future__ import annotations
 

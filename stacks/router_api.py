@@ -51,7 +51,7 @@ class _AccessLogSettings:
 
 
 class RouterApi(Construct):
-    """Routes of DESIGN section 5. Callers sign requests with SigV4; the access log
+    """Routes of docs/DESIGN.md §5.1. Callers sign requests with SigV4; the access log
     records who called (``userArn``) and the outcome. Throttling protects the table
     from a runaway client."""
 

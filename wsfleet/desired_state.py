@@ -1,4 +1,4 @@
-"""Starting and stopping connections: the writes the router makes (DESIGN section 5).
+"""Starting and stopping connections: the writes the router makes (docs/DESIGN.md §2.1).
 
 The outcome of a start (created, restarted, already running, conflict) is decided
 by conditional writes, never by a read followed by a write, so two racing callers

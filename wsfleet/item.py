@@ -53,7 +53,7 @@ def _plain(value: Any) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class ConnectionItem:
-    """One row of the connection table (DESIGN section 2)."""
+    """One row of the connection table (docs/DESIGN.md §2)."""
 
     connection_id: str
     desired_state: str

@@ -1,4 +1,4 @@
-"""The lease protocol of DESIGN section 3 as pure functions.
+"""The lease protocol of docs/DESIGN.md §3 as pure functions.
 
 Nothing here reads a clock or touches the network: callers pass ``now`` in and get
 back either the conditional write to make or the decision to take, so every rule

@@ -48,7 +48,7 @@ class Released:
 
 
 class LeaseStore:
-    """acquire / renew / release / find orphans, exactly per DESIGN section 3.
+    """acquire / renew / release / find orphans, exactly per docs/DESIGN.md §3.
 
     Every method takes the caller's ``now_ms``. Errors other than a failed condition
     (throttling, timeouts) propagate as botocore exceptions: the outcome is unknown.

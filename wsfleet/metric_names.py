@@ -1,4 +1,4 @@
-"""Metric names, namespace and dimensions published by the worker (DESIGN section 6).
+"""Metric names, namespace and dimensions published by the worker (docs/DESIGN.md §6).
 
 The stacks build the scaling policy, dashboard and alarms from these constants.
 """

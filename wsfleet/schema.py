@@ -1,4 +1,4 @@
-"""Names of the connection table, its index and its attributes (DESIGN section 2).
+"""Names of the connection table, its index and its attributes (docs/DESIGN.md §2).
 
 The CDK stack, the router and the worker all read these constants, so the
 infrastructure and the code that uses it cannot drift apart.

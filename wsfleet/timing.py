@@ -1,4 +1,5 @@
-"""Lease timing: defaults derived from the lease, and the rules they must satisfy."""
+"""Lease timing: defaults derived from the lease, and the rules they must satisfy
+(docs/DESIGN.md §3.8)."""
 
 from __future__ import annotations
 
@@ -101,5 +102,6 @@ class LeaseTiming:
         return self.drain_budget + self.release_budget + 1.0
 
     def crash_failover_bound(self) -> float:
-        """What DESIGN promises for a crashed holder: lease + skew + 1.2 x reconcile + 1 s."""
+        """What docs/DESIGN.md §3.9 promises for a crashed holder:
+        lease + skew + 1.2 x reconcile + 1 s."""
         return self.lease + self.skew + 1.2 * self.reconcile + 1.0

@@ -1,4 +1,4 @@
-"""HTTP API (payload v2) routes of DESIGN section 5, on Powertools' resolver.
+"""HTTP API (payload v2) routes of docs/DESIGN.md §5.1, on Powertools' resolver.
 
 Every refusal is a 4xx JSON body ``{"error": <code>, "message": <text>}``; bad input
 never produces a 5xx or a stack trace.
