@@ -1,4 +1,4 @@
-"""Worker settings, read from the environment in one place (DESIGN section 4)."""
+"""Worker settings, read from the environment in one place (docs/DESIGN.md §4.9)."""
 
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ class ConnectionRunner:
         renewer.add_done_callback(self._task_ended)
         try:
             ending = await self._ended
-            # Order (docs/DESIGN.md §3): stop reading, let the handler call in flight
+            # Order (docs/DESIGN.md §3.3): stop reading, let the handler call in flight
             # finish by the deadline fixed at the stop, then release with the final
             # checkpoint. A lost lease stops at once.
             if ending.graceful:

@@ -208,7 +208,7 @@ class RenewRefusal(enum.Enum):
     RESTARTED = "restarted"
     """A newer start (new ``start_gen``): close gracefully and release; the URL may differ."""
     GONE = "gone"
-    """The item was deleted: close gracefully."""
+    """The item was deleted: stop at once; there is nothing left to release."""
     SUPERSEDED = "superseded"
     """A later renew of this holder already landed; this late one changes nothing."""
 
