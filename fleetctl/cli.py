@@ -10,9 +10,9 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Final, TextIO
+from typing import Any, Final, Protocol, TextIO
 
-from fleetctl import render
+from fleetctl import rates, render
 from fleetctl.client import (
     API_URL_ENV,
     DEFAULT_API_URL,
@@ -130,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--all", action="store_true", help="follow next_token to the end")
 
     watch = command("watch", "live view of the fleet (Ctrl-C quits)")
+    watch.epilog = rates.RATE_LEGEND
     watch.add_argument("--interval", type=_positive_float, default=1.0, help="seconds")
     watch.add_argument("--state", choices=("STARTED", "STOPPED"))
     watch.add_argument("--count", type=int, default=0, help="stop after N refreshes")
@@ -204,8 +205,17 @@ def _print(out: TextIO, text: str) -> None:
     out.flush()
 
 
+class FleetListing(Protocol):
+    """What ``watch`` needs of a client: :class:`FleetClient`, or a stand-in in tests."""
+
+    @property
+    def api_url(self) -> str: ...
+
+    def list_all(self, *, state: str | None = None) -> dict[str, Any]: ...
+
+
 def watch(
-    client: FleetClient,
+    client: FleetListing,
     args: argparse.Namespace,
     out: TextIO,
     *,
@@ -214,9 +224,10 @@ def watch(
     wall_clock: Callable[[], datetime] = datetime.now,
 ) -> int:
     """Poll every ``--interval`` seconds and redraw (in place on a terminal, as plain
-    blocks otherwise). The first failure ends it; later ones are shown and retried."""
+    blocks otherwise). The first failure ends it; later ones are shown and retried.
+    MSG/S follows :mod:`fleetctl.rates`: the poll times never enter it."""
     tty = out.isatty()
-    history: dict[str, list[tuple[float, int]]] = {}
+    progress: dict[str, rates.Progress] = {}
     views: list[dict[str, Any]] = []
     frames = 0
     try:
@@ -226,8 +237,7 @@ def watch(
             try:
                 answer = client.list_all(state=args.state)
                 views = list(answer.get("connections", []))
-                seqs = {str(v.get("connection_id")): int(v.get("last_seq") or 0) for v in views}
-                history = render.with_sample(history, polled_at, seqs)
+                progress = rates.track(progress, views)
             except ClientError as failure:
                 if frames == 0:
                     raise
@@ -241,7 +251,7 @@ def watch(
                     clock=wall_clock().strftime("%H:%M:%S"),
                     interval_s=args.interval,
                     views=views,
-                    rates=render.rates(history),
+                    rates=rates.shown_rates(views, progress),
                     error=error,
                 )
                 _draw(out, tty, frame)

@@ -1,19 +1,29 @@
-"""Pure formatting of API answers for people: tables, detail blocks, the watch frame.
+"""Pure formatting of API answers for people: tables, detail blocks, and the fleet
+table with its summary lines, which ``fleetctl watch`` and the local live view
+(``local_stack/fleet_view.py``) both draw.
 
-Nothing here does I/O or reads a clock; callers pass the time in.
+Everything takes the router API's connection views (dicts shaped like
+``lambdas/router/views.py``) and, for the MSG/S column, the rates :mod:`fleetctl.rates`
+decided to show. Nothing here does I/O or reads a clock; callers pass the time in.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 NONE = "-"
-LIST_COLUMNS = ("CONNECTION", "STATE", "OWNER", "LEASE", "EPOCH", "LAST_SEQ", "WS_URL")
-WATCH_COLUMNS = ("CONNECTION", "STATE", "OWNER", "LEASE", "EPOCH", "LAST_SEQ", "MSG/S")
-_RIGHT = frozenset({"LEASE", "EPOCH", "LAST_SEQ", "MSG/S"})
+LIST_COLUMNS = ("CONNECTION", "STATE", "OWNER", "LEASE LEFT", "EPOCH", "LAST_SEQ", "WS_URL")
+FLEET_COLUMNS = ("CONNECTION", "STATE", "OWNER", "LEASE LEFT", "EPOCH", "LAST_SEQ", "MSG/S")
+"""The fleet table of ``fleetctl watch`` and of the local live view."""
+SUMMARY_MAX_CONNECTIONS = 12
+"""At most this many connections are named in one summary line; the rest are counted."""
+# Columns holding numbers are right-aligned so digits line up.
+_RIGHT = frozenset({"LEASE LEFT", "EPOCH", "LAST_SEQ", "MSG/S"})
+_DIGITS = re.compile(r"(\d+)")
 
 
 def cell(value: Any) -> str:
@@ -37,6 +47,20 @@ def format_lease(seconds: float | None) -> str:
 
 def format_rate(rate: float | None) -> str:
     return NONE if rate is None else f"{rate:.1f}"
+
+
+def natural_key(connection_id: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that puts ``demo-2`` before ``demo-10``."""
+    return tuple(
+        (0, int(part)) if part.isdigit() else (1, part)
+        for part in _DIGITS.split(connection_id)
+        if part
+    )
+
+
+def by_id(views: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """``views`` in natural connection id order (the API's own order is scan order)."""
+    return sorted(views, key=lambda v: natural_key(str(v.get("connection_id"))))
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -69,11 +93,10 @@ def connection_row(view: Mapping[str, Any]) -> list[str]:
 
 
 def connection_table(views: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One row per connection, by id (the API's own order is the table's scan order)."""
+    """One row per connection, in natural id order."""
     if not views:
         return ["no connections"]
-    ordered = sorted(views, key=lambda v: str(v.get("connection_id")))
-    return table(LIST_COLUMNS, [connection_row(v) for v in ordered])
+    return table(LIST_COLUMNS, [connection_row(v) for v in by_id(views)])
 
 
 _DETAILS = (
@@ -122,45 +145,88 @@ def stop_summary(view: Mapping[str, Any]) -> str:
     )
 
 
-# --- watch -----------------------------------------------------------------------------
+# --- the fleet: watch and the local live view ------------------------------------------
 
 
-RATE_WINDOW_S = 10.0
-"""Rates are taken over this much history: the checkpoint moves once per heartbeat,
-so the delta between two polls a second apart is mostly 0 or a burst."""
-
-Samples = Mapping[str, Sequence[tuple[float, int]]]
-
-
-def with_sample(
-    history: Samples, at: float, seqs: Mapping[str, int], window_s: float = RATE_WINDOW_S
-) -> dict[str, list[tuple[float, int]]]:
-    """``history`` plus one ``(at, last_seq)`` sample per connection, older samples than
-    ``window_s`` dropped (connections no longer listed are forgotten)."""
-    return {
-        connection_id: [
-            *(s for s in history.get(connection_id, ()) if at - s[0] <= window_s),
-            (at, seq),
-        ]
-        for connection_id, seq in seqs.items()
-    }
+def lapsed(view: Mapping[str, Any]) -> bool:
+    """The view names an owner whose lease has run out (it died or is cut off; any
+    worker may take the connection over)."""
+    left = view.get("lease_seconds_left")
+    return bool(view.get("owner")) and isinstance(left, int | float) and left <= 0
 
 
-def rate(samples: Sequence[tuple[float, int]]) -> float | None:
-    """Messages per second from ``last_seq`` over the samples, counted from the last time
-    the checkpoint went back (a restart on a new stream); None with fewer than two."""
-    start = 0
-    for i in range(1, len(samples)):
-        if samples[i][1] < samples[i - 1][1]:
-            start = i
-    run = samples[start:]
-    if len(run) < 2 or run[-1][0] <= run[0][0]:
-        return None
-    return (run[-1][1] - run[0][1]) / (run[-1][0] - run[0][0])
+def fleet_row(view: Mapping[str, Any], rate: float | None) -> list[str]:
+    return [
+        cell(view.get("connection_id")),
+        cell(view.get("state")),
+        cell(view.get("owner")),
+        format_lease(view.get("lease_seconds_left")),
+        cell(view.get("epoch")),
+        cell(view.get("last_seq")),
+        format_rate(rate),
+    ]
 
 
-def rates(history: Samples) -> dict[str, float | None]:
-    return {connection_id: rate(samples) for connection_id, samples in history.items()}
+def fleet_table(views: Sequence[Mapping[str, Any]], rates: Mapping[str, float | None]) -> list[str]:
+    """The fleet table (:data:`FLEET_COLUMNS`), one row per connection in natural id
+    order; ``rates`` by connection id fill the MSG/S column (absent: ``-``)."""
+    if not views:
+        return ["no connections"]
+    rows = [fleet_row(v, rates.get(str(v.get("connection_id")))) for v in by_id(views)]
+    return table(FLEET_COLUMNS, rows)
+
+
+def total_rate(rates: Mapping[str, float | None]) -> float:
+    return sum(r for r in rates.values() if r is not None)
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def fleet_totals(views: Sequence[Mapping[str, Any]], rates: Mapping[str, float | None]) -> str:
+    """The fleet in numbers::
+
+        3 connections: 2 STARTED (2 owned, 1 lapsed), 1 STOPPED; leases held by 2 workers; ...
+
+    ``owned``: STARTED with an owner named (``lapsed`` ones included); the workers are
+    the distinct owners named anywhere in the table."""
+    started = [v for v in views if v.get("state") == "STARTED"]
+    owned = sum(1 for v in started if v.get("owner"))
+    gone = sum(1 for v in started if lapsed(v))
+    owners = {v.get("owner") for v in views if v.get("owner")}
+    return (
+        f"{_plural(len(views), 'connection')}: {len(started)} STARTED ({owned} owned, "
+        f"{gone} lapsed), {len(views) - len(started)} STOPPED; "
+        f"leases held by {_plural(len(owners), 'worker')}; {total_rate(rates):.1f} msg/s"
+    )
+
+
+def summary_line(views: Sequence[Mapping[str, Any]], rates: Mapping[str, float | None]) -> str:
+    """The fleet on one line, for logs::
+
+        3 connections, 2 owned | demo-1 seq=57 owner=w-1 5.0/s; demo-2 ... (lapsed); ...
+
+    Names at most :data:`SUMMARY_MAX_CONNECTIONS` connections (natural id order), then
+    counts the rest; a rate is named when ``rates`` has one."""
+    ordered = by_id(views)
+    owned = sum(1 for v in ordered if v.get("owner"))
+    parts = []
+    for view in ordered[:SUMMARY_MAX_CONNECTIONS]:
+        text = (
+            f"{cell(view.get('connection_id'))} seq={cell(view.get('last_seq'))} "
+            f"owner={cell(view.get('owner'))}"
+        )
+        if lapsed(view):
+            text += " (lapsed)"
+        measured = rates.get(str(view.get("connection_id")))
+        if measured is not None:
+            text += f" {measured:.1f}/s"
+        parts.append(text)
+    if len(ordered) > SUMMARY_MAX_CONNECTIONS:
+        parts.append(f"... {len(ordered) - SUMMARY_MAX_CONNECTIONS} more")
+    head = f"{_plural(len(ordered), 'connection')}, {owned} owned"
+    return f"{head} | {'; '.join(parts)}" if parts else head
 
 
 @dataclass(frozen=True)
@@ -171,44 +237,30 @@ class WatchFrame:
     interval_s: float
     views: Sequence[Mapping[str, Any]]
     rates: Mapping[str, float | None]
+    """The rates to show, by connection id (:func:`fleetctl.rates.shown_rates`)."""
     error: str | None = None
 
 
 def watch_lines(frame: WatchFrame) -> list[str]:
-    views = sorted(frame.views, key=lambda v: str(v.get("connection_id")))
-    started = sum(1 for v in views if v.get("state") == "STARTED")
-    owned = sum(1 for v in views if v.get("state") == "STARTED" and v.get("owner"))
-    owners = {v.get("owner") for v in views if v.get("owner")}
-    total_rate = sum(r for r in frame.rates.values() if r is not None)
     lines = [
         f"fleet at {frame.api_url}  {frame.clock}  every {frame.interval_s:g}s  (Ctrl-C quits)",
-        (
-            f"{len(views)} connections: {started} STARTED ({owned} owned), "
-            f"{len(views) - started} STOPPED; {len(owners)} workers; {total_rate:.1f} msg/s"
-        ),
+        fleet_totals(frame.views, frame.rates),
     ]
     if frame.error:
         lines.append(f"error: {frame.error} (retrying)")
     lines.append("")
-    rows = [
-        [
-            cell(v.get("connection_id")),
-            cell(v.get("state")),
-            cell(v.get("owner")),
-            format_lease(v.get("lease_seconds_left")),
-            cell(v.get("epoch")),
-            cell(v.get("last_seq")),
-            format_rate(frame.rates.get(str(v.get("connection_id")))),
-        ]
-        for v in views
-    ]
-    lines.extend(table(WATCH_COLUMNS, rows) if rows else ["no connections"])
+    lines.extend(fleet_table(frame.views, frame.rates))
     return lines
 
 
 def fit(lines: Sequence[str], width: int, height: int) -> list[str]:
-    """Clip to a terminal of ``width`` x ``height``, saying how many rows were left out."""
-    clipped = [line if len(line) <= width else line[: max(0, width - 1)] + "~" for line in lines]
+    """Clip to a terminal of ``width`` x ``height``, so a redraw in place never wraps or
+    scrolls: a cut line ends in ``~``, and the last row kept says how many were left
+    out. A size of 0 or less leaves that dimension alone."""
+    clipped = [
+        line if width <= 0 or len(line) <= width else line[: max(0, width - 1)] + "~"
+        for line in lines
+    ]
     if height > 0 and len(clipped) > height:
         hidden = len(clipped) - height + 1
         clipped = [*clipped[: height - 1], f"... {hidden} more rows"]

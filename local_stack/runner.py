@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Final
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from fleetctl import rates, render
 from local_stack import fleet_view, services
 from local_stack.options import (
     Options,
@@ -76,8 +77,6 @@ if TYPE_CHECKING:
 REFRESH_S: Final = 1.0
 #: How often a summary line is printed when there is no live view.
 SUMMARY_EVERY_S: Final = 5.0
-#: The msg/s column spans at least this long.
-RATE_WINDOW_MIN_S: Final = 3.0
 #: How long workers may take to start their event loop (first health stamp).
 WORKER_READY_TIMEOUT_S: Final = 30.0
 #: Least time workers get to release their leases after SIGTERM before SIGKILL. A
@@ -95,13 +94,6 @@ class StartupError(RuntimeError):
 
 
 # --- options ---------------------------------------------------------------------------
-
-
-def rate_window(heartbeat_s: float) -> float:
-    """The msg/s window: long enough that a renewing owner always wrote a checkpoint
-    within it (one per heartbeat, plus slack for the refresh period), at least
-    RATE_WINDOW_MIN_S."""
-    return max(RATE_WINDOW_MIN_S, 1.5 * heartbeat_s)
 
 
 def _duration(seconds: float) -> str:
@@ -410,7 +402,9 @@ class LocalStack:
         live = self.options.view and sys.stdout.isatty()
         began = time.monotonic()
         deadline = None if self.options.duration is None else began + self.options.duration
-        history = fleet_view.SnapshotHistory(rate_window(self.timing.heartbeat))
+        # msg/s comes from the checkpoints' own write times (fleetctl.rates), so the
+        # refresh period does not enter it.
+        progress: dict[str, rates.Progress] = {}
         next_summary = began + SUMMARY_EVERY_S
         if live:
             self._write_raw("\x1b[2J")
@@ -425,48 +419,43 @@ class LocalStack:
                 break
             notes = self._deaths(live)
             items, error = self._scan()
-            baseline = history.baseline(tick)
-            previous, elapsed = baseline if baseline is not None else (None, 0.0)
-            if items is not None:
-                history.add(tick, fleet_view.snapshot(items))
+            views = None if items is None else fleet_view.views_of(items, now_ms())
+            if views is not None:
+                progress = rates.track(progress, views)
+            shown = {} if views is None else rates.shown_rates(views, progress)
             statuses = self._worker_statuses()
             if live:
-                if items is None:
+                if views is None:
                     notes.append(f"! {error}")
-                body = (
-                    fleet_view.render(items, previous, elapsed, now_ms(), statuses)
-                    if items is not None
-                    else ""
-                )
+                body = [] if views is None else fleet_view.render_lines(views, shown, statuses)
                 self._draw(tick - began, notes, body)
             elif tick >= next_summary:
                 next_summary += SUMMARY_EVERY_S
-                if items is None:
+                if views is None:
                     self._say(f"! {error}")
                 else:
                     up = _duration(tick - began)
-                    line = fleet_view.summary_line(items, previous, elapsed, now_ms(), statuses)
-                    self._say(f"[{up}] {line}")
+                    self._say(f"[{up}] {fleet_view.summary(views, shown, statuses)}")
             wake = tick + REFRESH_S if deadline is None else min(tick + REFRESH_S, deadline)
             while not self.stops.requested() and time.monotonic() < wake:
                 time.sleep(min(_POLL_S * 2, max(0.0, wake - time.monotonic())))
         self._say(f"stopping: {reason}")
 
-    def _draw(self, uptime_s: float, notes: list[str], body: str) -> None:
+    def _draw(self, uptime_s: float, notes: list[str], body: list[str]) -> None:
         title = (
             f"websocket fleet, local | up {_duration(uptime_s)} | table {TABLE_NAME} | "
             f"refresh {REFRESH_S:g} s | Ctrl-C to stop"
         )
-        frame = "\n".join([title, *self._info[1:], "", *notes, body])
+        frame = [title, *self._info[1:], "", *notes, *body]
         size = shutil.get_terminal_size()
         # A pseudo-terminal nobody sized reports 0 x 0: draw uncut rather than nothing.
         columns = size.columns if size.columns > 0 else 1000
         rows = size.lines if size.lines > 0 else 1000
         # One row short of the terminal: the cursor rests on the line after the frame, and
         # a frame as tall as the screen would scroll it and break the redraw in place.
-        fitted = fleet_view.fit(frame, columns, rows - 1)
+        fitted = render.fit(frame, columns, rows - 1)
         # Home, rewrite each line clearing its old tail, clear below: no flicker.
-        lines = "".join(f"{line}\x1b[K\n" for line in fitted.split("\n"))
+        lines = "".join(f"{line}\x1b[K\n" for line in fitted)
         self._write_raw(f"\x1b[H{lines}\x1b[J")
 
     # -- shutdown

@@ -206,9 +206,64 @@ def test_watch_prints_plain_frames_off_a_terminal(router_api: str) -> None:
     first = frames[0].splitlines()
     assert first[0].startswith(f"fleet at {router_api}  ")
     assert first[-1] == ""  # a blank line between frames
-    assert first[1] == "2 connections: 1 STARTED (0 owned), 1 STOPPED; 0 workers; 0.0 msg/s"
+    assert first[1] == (
+        "2 connections: 1 STARTED (0 owned, 0 lapsed), 1 STOPPED; "
+        "leases held by 0 workers; 0.0 msg/s"
+    )
     assert [line.split()[0] for line in first[3:-1]] == ["CONNECTION", "w-1", "w-2"]
-    assert frames[1].splitlines()[4].split()[-1] == "0.0"  # a rate once there are two polls
+    # No worker runs here: nobody holds a lease, so there is no rate however many polls.
+    assert frames[1].splitlines()[4].split()[-1] == "-"
+
+
+class ScriptedApi:
+    """Answers ``list_all`` with one scripted fleet per poll (no network)."""
+
+    api_url = "http://scripted"
+
+    def __init__(self, polls: list[list[dict[str, Any]]]) -> None:
+        self.polls = polls
+        self.calls = 0
+
+    def list_all(self, *, state: str | None = None) -> dict[str, Any]:
+        views = self.polls[min(self.calls, len(self.polls) - 1)]
+        self.calls += 1
+        return {"connections": views, "next_token": None}
+
+
+def api_view(seq: int, updated_at: str, *, epoch: int = 1) -> dict[str, Any]:
+    return {
+        "connection_id": "demo-1",
+        "state": "STARTED",
+        "owner": "w-1",
+        "lease_seconds_left": 12.0,
+        "epoch": epoch,
+        "last_seq": seq,
+        "start_gen": 1,
+        "updated_at": updated_at,
+    }
+
+
+def test_watch_rates_come_from_checkpoint_times_not_poll_times() -> None:
+    api = ScriptedApi(
+        [
+            [api_view(0, "2026-01-01T00:00:00.000+00:00")],
+            [api_view(0, "2026-01-01T00:00:00.000+00:00")],  # no checkpoint since
+            [api_view(25, "2026-01-01T00:00:05.000+00:00")],
+            [api_view(25, "2026-01-01T00:00:05.000+00:00")],
+            [api_view(40, "2026-01-01T00:00:07.000+00:00")],
+            [api_view(40, "2026-01-01T00:00:09.000+00:00", epoch=2)],  # a new owner
+        ]
+    )
+    # Polls at irregular moments: were the rate taken over them, it would vary.
+    moments = iter([0.0, 0.1, 0.3, 4.0, 4.2, 11.0, 11.5, 11.6, 30.0, 30.1, 31.0, 31.2])
+    out = io.StringIO()
+    args = cli.build_parser().parse_args(["watch", "--count", "6"])
+    code = cli.watch(api, args, out, monotonic=lambda: next(moments), sleep=lambda _: None)
+    assert code == EXIT_OK
+    frames = [f for f in out.getvalue().split("fleet at ") if f]
+    shown = [frame.splitlines()[4].split()[-1] for frame in frames]
+    assert shown == ["-", "-", "5.0", "5.0", "7.5", "-"]
+    assert frames[2].splitlines()[1].endswith("; 5.0 msg/s")
 
 
 class Terminal(io.StringIO):

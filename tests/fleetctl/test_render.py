@@ -1,7 +1,8 @@
-"""Pure formatting: tables, details, the watch frame and its message rates."""
+"""Pure formatting: tables, details, and the fleet table that watch and the live view draw."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -56,7 +57,7 @@ def test_table_pads_columns_and_right_aligns_numbers() -> None:
 
 def test_connection_table() -> None:
     lines = render.connection_table([view("demo-2", owner=None, state="STOPPED"), view("demo-1")])
-    assert lines[0].split() == list(render.LIST_COLUMNS)
+    assert re.split(" {2,}", lines[0]) == list(render.LIST_COLUMNS)
     assert lines[1].split() == [
         "demo-1",
         "STARTED",
@@ -91,33 +92,89 @@ def test_start_summary(outcome: str, summary: str) -> None:
     assert render.start_summary(view("demo-1", outcome=outcome)) == summary
 
 
-def test_samples_keep_a_window_and_forget_vanished_connections() -> None:
-    history = render.with_sample({}, 0.0, {"a": 0, "b": 0}, window_s=10)
-    history = render.with_sample(history, 6.0, {"a": 30, "b": 0}, window_s=10)
-    history = render.with_sample(history, 12.0, {"a": 60}, window_s=10)
-    assert history == {"a": [(6.0, 30), (12.0, 60)]}
+def test_natural_order() -> None:
+    ids = ["demo-10", "demo-2", "alpha", "demo-1", "demo-1a"]
+    assert sorted(ids, key=render.natural_key) == [
+        "alpha",
+        "demo-1",
+        "demo-1a",
+        "demo-2",
+        "demo-10",
+    ]
 
 
-@pytest.mark.parametrize(
-    ("samples", "expected"),
-    [
-        ([], None),
-        ([(0.0, 5)], None),  # nothing to compare with yet
-        ([(0.0, 5), (0.0, 9)], None),  # no time passed
-        ([(0.0, 0), (1.0, 0), (2.0, 40)], 20.0),  # a checkpoint per heartbeat: over the window
-        ([(0.0, 10), (1.0, 10)], 0.0),
-        ([(0.0, 500), (1.0, 520), (2.0, 3), (4.0, 13)], 5.0),  # restarted on a new stream
-        ([(0.0, 500), (1.0, 3)], None),
-    ],
-)
-def test_rate_from_checkpoint_samples(
-    samples: list[tuple[float, int]], expected: float | None
-) -> None:
-    assert render.rate(samples) == expected
+# --- the fleet table: fleetctl watch and the local live view --------------------------
 
 
-def test_rates_per_connection() -> None:
-    assert render.rates({"a": [(0.0, 0), (2.0, 10)], "b": [(2.0, 7)]}) == {"a": 5.0, "b": None}
+def fleet() -> list[dict[str, Any]]:
+    return [
+        view("demo-10", owner="w-2", lease_seconds_left=4.96, epoch=3, last_seq=40),
+        view("demo-2", owner="w-1", lease_seconds_left=17.349, epoch=1, last_seq=125),
+        view("demo-3", owner=None, lease_seconds_left=None, last_seq=77),  # released: free
+        view("demo-4", state="STOPPED", owner=None, lease_seconds_left=None, last_seq=9),
+        view("demo-5", owner="w-3", lease_seconds_left=0, epoch=1, last_seq=12),  # lapsed
+    ]
+
+
+def test_fleet_table_rows() -> None:
+    lines = render.fleet_table(fleet(), {"demo-2": 5.0, "demo-10": 0.0, "demo-5": None})
+    assert lines[0] == ("CONNECTION  STATE    OWNER  LEASE LEFT  EPOCH  LAST_SEQ  MSG/S")
+    rows = [line.split() for line in lines[1:]]
+    assert rows == [
+        ["demo-2", "STARTED", "w-1", "17.3s", "1", "125", "5.0"],
+        ["demo-3", "STARTED", "-", "-", "2", "77", "-"],
+        ["demo-4", "STOPPED", "-", "-", "2", "9", "-"],
+        ["demo-5", "STARTED", "w-3", "lapsed", "1", "12", "-"],
+        ["demo-10", "STARTED", "w-2", "5.0s", "3", "40", "0.0"],  # natural order
+    ]
+    assert render.fleet_table([], {}) == ["no connections"]
+
+
+def test_fleet_table_columns_line_up() -> None:
+    lines = render.fleet_table(
+        [
+            view("a", owner="local-worker-1", last_seq=7),
+            view("much-longer-id", owner="w", lease_seconds_left=15.0, last_seq=123456),
+        ],
+        {"a": 12.25, "much-longer-id": None},
+    )
+    header, *rows = lines
+    for column in ("LEASE LEFT", "EPOCH", "LAST_SEQ", "MSG/S"):
+        # Numbers are right-aligned: they end where their header ends.
+        end = header.index(column) + len(column)
+        for row in rows:
+            assert row[end - 1] != " "
+            assert row[end : end + 1] in ("", " ")
+    assert rows[0].endswith("12.2")
+
+
+def test_fleet_totals() -> None:
+    rates = {"demo-2": 5.0, "demo-10": 0.5, "demo-5": None}
+    assert render.fleet_totals(fleet(), rates) == (
+        "5 connections: 4 STARTED (3 owned, 1 lapsed), 1 STOPPED; "
+        "leases held by 3 workers; 5.5 msg/s"
+    )
+    assert render.fleet_totals([], {}) == (
+        "0 connections: 0 STARTED (0 owned, 0 lapsed), 0 STOPPED; "
+        "leases held by 0 workers; 0.0 msg/s"
+    )
+
+
+def test_summary_line() -> None:
+    assert render.summary_line(fleet(), {"demo-2": 5.0, "demo-10": 0.0}) == (
+        "5 connections, 3 owned | demo-2 seq=125 owner=w-1 5.0/s; demo-3 seq=77 owner=-; "
+        "demo-4 seq=9 owner=-; demo-5 seq=12 owner=w-3 (lapsed); "
+        "demo-10 seq=40 owner=w-2 0.0/s"
+    )
+    assert render.summary_line([], {}) == "0 connections, 0 owned"
+
+
+def test_summary_line_names_a_bounded_number_of_connections() -> None:
+    line = render.summary_line([view(f"c-{i}", last_seq=i) for i in range(20)], {})
+    assert line.startswith("20 connections, 20 owned | c-0 seq=0 owner=worker-a; c-1 seq=1")
+    assert "c-11 seq=11" in line
+    assert "c-12" not in line
+    assert line.endswith("; ... 8 more")
 
 
 def test_watch_frame() -> None:
@@ -134,11 +191,12 @@ def test_watch_frame() -> None:
     )
     lines = render.watch_lines(frame)
     assert lines[0] == "fleet at http://127.0.0.1:8080  12:00:01  every 1s  (Ctrl-C quits)"
-    assert lines[1] == ("3 connections: 2 STARTED (2 owned), 1 STOPPED; 2 workers; 39.5 msg/s")
+    assert lines[1] == render.fleet_totals(frame.views, frame.rates)
+    assert lines[1].endswith("; leases held by 2 workers; 39.5 msg/s")
     assert lines[2] == ""
-    assert lines[3].split() == list(render.WATCH_COLUMNS)
+    # The table is the shared fleet table, unchanged.
+    assert lines[3:] == render.fleet_table(frame.views, frame.rates)
     rows = [line.split() for line in lines[4:]]
-    assert [row[0] for row in rows] == ["demo-1", "demo-2", "demo-3"]  # sorted
     assert rows[0] == ["demo-1", "STARTED", "worker-a", "1.5s", "2", "40", "20.0"]
     assert rows[2] == ["demo-3", "STOPPED", "-", "-", "2", "40", "-"]
 
@@ -156,3 +214,4 @@ def test_fit_clips_width_and_height() -> None:
     lines = ["a" * 10, "b", "c", "d", "e"]
     assert render.fit(lines, 5, 3) == ["aaaa~", "b", "... 3 more rows"]
     assert render.fit(lines, 80, 10) == lines
+    assert render.fit(lines, 0, 0) == lines  # a terminal nobody sized
