@@ -86,6 +86,7 @@ class WebSocketFleetStack(Stack):
                 "POWERTOOLS_SERVICE_NAME": f"{s.service_name}-router",
             },
             powertools_version=s.powertools_version,
+            reserved_concurrency=s.router_reserved_concurrency,
             log_retention=retention,
             removal_policy=removal,
         )

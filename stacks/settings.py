@@ -52,6 +52,9 @@ FARGATE_MEMORY: Final = {
 }
 _HOST_GLOB = re.compile(r"^[A-Za-z0-9*?.\-\[\]]+$")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,62}$")
+MAX_ROUTER_RESERVED_CONCURRENCY: Final = 900
+"""A default account runs 1,000 concurrent executions and must keep 100 unreserved: a
+larger reservation would not deploy there, and would cap nothing worth capping."""
 
 
 class SettingsError(ValueError):
@@ -101,6 +104,9 @@ class FleetSettings:
     event_source: str = "websocket-fleet"
     log_retention_days: int = 30
     alarm_topic_arn: str | None = None
+    router_reserved_concurrency: int = 10
+    """Router executions at once: about 30 calls/s each, 1-2 state-index writes per
+    call, next to the renews on that index's one hot partition (docs/DEPLOY.md)."""
     task_cpu: int = 256
     task_memory_mib: int = 512
     powertools_version: str = ""
@@ -167,6 +173,10 @@ def validate(s: FleetSettings) -> None:
         (s.task_memory_mib in FARGATE_MEMORY.get(s.task_cpu, ()), "taskCpu/taskMemoryMiB"),
         (bool(re.fullmatch(r"\d+\.\d+\.\d+|latest", s.powertools_version)), "powertoolsVersion"),
         (not (s.dev and s.environment == DEFAULT_ENVIRONMENT), "prod cannot set dev=true"),
+        (
+            1 <= s.router_reserved_concurrency <= MAX_ROUTER_RESERVED_CONCURRENCY,
+            f"routerReservedConcurrency must be 1..{MAX_ROUTER_RESERVED_CONCURRENCY}",
+        ),
     ]
     for ok, message in checks:
         if not ok:
@@ -261,6 +271,7 @@ _KEYS: Final[dict[str, tuple[str, Any]]] = {
     "eventSource": ("event_source", str),
     "logRetentionDays": ("log_retention_days", _int),
     "alarmTopicArn": ("alarm_topic_arn", lambda v: str(v) if v else None),
+    "routerReservedConcurrency": ("router_reserved_concurrency", _int),
     "taskCpu": ("task_cpu", _int),
     "taskMemoryMiB": ("task_memory_mib", _int),
     "powertoolsVersion": ("powertools_version", str),

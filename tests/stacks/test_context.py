@@ -40,6 +40,7 @@ OVERRIDES = {
     "fleet:eventBusName": "fleet-bus",
     "fleet:alarmTopicArn": TOPIC,
     "fleet:dlqMaxReceiveCount": "3",
+    "fleet:routerReservedConcurrency": "25",
 }
 
 
@@ -125,6 +126,15 @@ def test_bus_topic_dlq_and_dev_removal_policy(overridden: Synthesized) -> None:
     overridden.template.has_resource("AWS::DynamoDB::Table", {"DeletionPolicy": "Delete"})
 
 
+def test_router_reserved_concurrency_follows_context(overridden: Synthesized) -> None:
+    (function,) = [
+        f["Properties"]
+        for f in of_type(overridden.resources, "AWS::Lambda::Function").values()
+        if f["Properties"].get("Handler") == "lambdas.router.main.handler"
+    ]
+    assert function["ReservedConcurrentExecutions"] == 25
+
+
 def _settings(context: dict[str, Any]) -> Any:
     return settings_from_context(cdk.App(context=context).node)
 
@@ -143,6 +153,11 @@ def _settings(context: dict[str, Any]) -> Any:
         ({"fleet:allowedUpstreamHosts": "wss://feed.example.com/x"}, "allowedUpstreamHosts"),
         ({"fleet:taskMemoryMiB": "300"}, "taskMemoryMiB"),
         ({"fleet:tableBilling": "FREE"}, "tableBilling"),
+        ({"fleet:routerReservedConcurrency": "0"}, "routerReservedConcurrency"),
+        ({"fleet:routerReservedConcurrency": "901"}, "routerReservedConcurrency"),
+        ({"fleet:routerReservedConcurrency": "12.5"}, "routerReservedConcurrency"),
+        ({"fleet:routerReservedConcurrency": "true"}, "routerReservedConcurrency"),
+        ({"fleet:routerReservedConcurrency": "many"}, "routerReservedConcurrency"),
         ({ENVIRONMENT_KEY: "staging"}, "staging"),
     ],
 )

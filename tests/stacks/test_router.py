@@ -41,6 +41,12 @@ def test_function_runtime_handler_and_environment(synth: Synthesized) -> None:
     assert env["POWERTOOLS_SERVICE_NAME"]
 
 
+def test_reserved_concurrency_caps_the_router_at_the_default(synth: Synthesized) -> None:
+    _, function = _router(synth)
+    assert synth.settings.router_reserved_concurrency == 10
+    assert function["ReservedConcurrentExecutions"] == 10
+
+
 def test_powertools_layer_resolves_at_deploy_from_the_public_parameter(
     synth: Synthesized,
 ) -> None:
