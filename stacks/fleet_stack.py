@@ -12,6 +12,7 @@ from lambdas.router import settings as router_env
 from stacks.alarms import FleetAlarms
 from stacks.connection_table import ConnectionTable
 from stacks.dashboard import FleetDashboard
+from stacks.event_bus import FleetEventBus
 from stacks.fleet_metrics import MonitoredFleet
 from stacks.network import FleetNetwork
 from stacks.router_api import RouterApi
@@ -95,12 +96,15 @@ class WebSocketFleetStack(Stack):
         api = RouterApi(
             self, "Api", handler=router.function, log_retention=retention, removal_policy=removal
         )
+        bus = FleetEventBus(
+            self, "EventBus", bus_name=s.event_bus_name, putter_arns=s.event_putter_arns
+        )
         RouterEvents(
             self,
             "Events",
             handler=router.function,
             dead_letter_queue=router.failed_events,
-            event_bus_name=s.event_bus_name,
+            event_bus=bus.bus,
             source=s.event_source,
         )
 
@@ -127,6 +131,8 @@ class WebSocketFleetStack(Stack):
             "QueueUrl": starts.queue.queue_url,
             "DeadLetterQueueUrl": starts.dead_letter_queue.queue_url,
             "FailedEventsQueueUrl": router.failed_events.queue_url,
+            "EventBusName": bus.bus.event_bus_name,
+            "EventBusArn": bus.bus.event_bus_arn,
             "DashboardUrl": (
                 f"https://{Aws.REGION}.console.aws.amazon.com/cloudwatch/home"
                 f"?region={Aws.REGION}#dashboards/dashboard/{s.stack_name}"

@@ -52,6 +52,8 @@ FARGATE_MEMORY: Final = {
 }
 _HOST_GLOB = re.compile(r"^[A-Za-z0-9*?.\-\[\]]+$")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,62}$")
+_EVENT_BUS_NAME = re.compile(r"^[A-Za-z0-9._-]{1,256}$")
+_PRINCIPAL_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(root|(role|user)/[\w+=,.@/-]{1,512})$")
 MAX_ROUTER_RESERVED_CONCURRENCY: Final = 900
 """A default account runs 1,000 concurrent executions and must keep 100 unreserved: a
 larger reservation would not deploy there, and would cap nothing worth capping."""
@@ -100,7 +102,12 @@ class FleetSettings:
     table_billing: str = "PAY_PER_REQUEST"
     provisioned_capacity: ProvisionedCapacity = ProvisionedCapacity()
     dev: bool = False
-    event_bus_name: str | None = None
+    event_bus_name: str = ""
+    """The bus the stack creates for Start/Stop events; ``<stackName>-events`` unless
+    named."""
+    event_putter_arns: tuple[str, ...] = ()
+    """Principals of other accounts (or named ones of this account) that may put
+    events on the bus, besides the account's own principals."""
     event_source: str = "websocket-fleet"
     log_retention_days: int = 30
     alarm_topic_arn: str | None = None
@@ -148,6 +155,8 @@ def build_settings(environment: str, values: Mapping[str, Any]) -> FleetSettings
     settings = FleetSettings(**fields)
     if not settings.stack_name:
         settings = replace(settings, stack_name=f"WebSocketFleet-{environment}")
+    if not settings.event_bus_name:
+        settings = replace(settings, event_bus_name=f"{settings.stack_name}-events")
     if not settings.powertools_version:
         settings = replace(settings, powertools_version=pinned_powertools_version())
     validate(settings)
@@ -173,6 +182,17 @@ def validate(s: FleetSettings) -> None:
         (s.task_memory_mib in FARGATE_MEMORY.get(s.task_cpu, ()), "taskCpu/taskMemoryMiB"),
         (bool(re.fullmatch(r"\d+\.\d+\.\d+|latest", s.powertools_version)), "powertoolsVersion"),
         (not (s.dev and s.environment == DEFAULT_ENVIRONMENT), "prod cannot set dev=true"),
+        (
+            s.event_bus_name != "default",
+            "eventBusName cannot be the account's default bus: anyone allowed to put "
+            "events there could start connections without the API's authorization",
+        ),
+        (bool(_EVENT_BUS_NAME.fullmatch(s.event_bus_name)), "eventBusName: [A-Za-z0-9._-]{1,256}"),
+        (
+            all(_PRINCIPAL_ARN.fullmatch(arn) for arn in s.event_putter_arns),
+            "eventPutterArns: IAM role, user or account root ARNs, e.g. "
+            "arn:aws:iam::<account>:role/<name> or arn:aws:iam::<account>:root",
+        ),
         (
             1 <= s.router_reserved_concurrency <= MAX_ROUTER_RESERVED_CONCURRENCY,
             f"routerReservedConcurrency must be 1..{MAX_ROUTER_RESERVED_CONCURRENCY}",
@@ -267,7 +287,8 @@ _KEYS: Final[dict[str, tuple[str, Any]]] = {
     "tableBilling": ("table_billing", lambda v: str(v).upper()),
     "provisionedCapacity": ("provisioned_capacity", lambda v: ProvisionedCapacity(**_snake(v))),
     "dev": ("dev", _bool),
-    "eventBusName": ("event_bus_name", lambda v: None if v in (None, "", "default") else str(v)),
+    "eventBusName": ("event_bus_name", lambda v: str(v) if v else ""),
+    "eventPutterArns": ("event_putter_arns", lambda v: tuple(_str_list(v)) if v else ()),
     "eventSource": ("event_source", str),
     "logRetentionDays": ("log_retention_days", _int),
     "alarmTopicArn": ("alarm_topic_arn", lambda v: str(v) if v else None),
