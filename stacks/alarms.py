@@ -1,4 +1,4 @@
-"""Alarms an on-call engineer acts on, optionally sent to an SNS topic."""
+"""Alarms an on-call engineer acts on, each sent to the alarm topic."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def _depth(queue: sqs.IQueue) -> cw.Metric:
 
 
 class FleetAlarms(Construct):
-    """Each alarm names the service; with ``alarm_topic_arn`` each notifies the topic
-    on entering and leaving ALARM."""
+    """Each alarm names the service and notifies ``topic`` on entering ALARM and on
+    returning to OK: every alarm is made by ``_alarm``, which wires both actions."""
 
     def __init__(
         self,
@@ -41,11 +41,12 @@ class FleetAlarms(Construct):
         construct_id: str,
         *,
         fleet: MonitoredFleet,
-        alarm_topic_arn: str | None,
+        topic: sns.ITopic,
     ) -> None:
         super().__init__(scope, construct_id)
         f = fleet
         self._service_name = f.service_name
+        self._action = cw_actions.SnsAction(topic)
         throttles = cw.MathExpression(
             expression="FILL(tw, 0) + FILL(tr, 0) + FILL(iw, 0) + FILL(ir, 0)",
             using_metrics={
@@ -95,11 +96,6 @@ class FleetAlarms(Construct):
                 missing=cw.TreatMissingData.BREACHING,
             ),
         ]
-        if alarm_topic_arn:
-            topic = sns.Topic.from_topic_arn(self, "Topic", alarm_topic_arn)
-            for alarm in self.alarms:
-                alarm.add_alarm_action(cw_actions.SnsAction(topic))
-                alarm.add_ok_action(cw_actions.SnsAction(topic))
 
     def _alarm(
         self,
@@ -113,7 +109,7 @@ class FleetAlarms(Construct):
         comparison: cw.ComparisonOperator = GE,
         missing: cw.TreatMissingData = cw.TreatMissingData.NOT_BREACHING,
     ) -> cw.Alarm:
-        return cw.Alarm(
+        alarm = cw.Alarm(
             self,
             name,
             metric=metric,
@@ -124,3 +120,6 @@ class FleetAlarms(Construct):
             treat_missing_data=missing,
             alarm_description=f"{self._service_name}: {description}.",
         )
+        alarm.add_alarm_action(self._action)
+        alarm.add_ok_action(self._action)
+        return alarm

@@ -9,6 +9,7 @@ from aws_cdk import Aws, CfnOutput, RemovalPolicy, Stack
 from constructs import Construct
 
 from lambdas.router import settings as router_env
+from stacks.alarm_topic import AlarmTopic
 from stacks.alarms import FleetAlarms
 from stacks.connection_table import ConnectionTable
 from stacks.dashboard import FleetDashboard
@@ -120,7 +121,10 @@ class WebSocketFleetStack(Stack):
             router=router.function,
             api=api.api,
         )
-        alarms = FleetAlarms(self, "Alarms", fleet=fleet, alarm_topic_arn=s.alarm_topic_arn)
+        topic = AlarmTopic(
+            self, "AlarmTopic", existing_topic_arn=s.alarm_topic_arn, email=s.alarm_email
+        )
+        alarms = FleetAlarms(self, "Alarms", fleet=fleet, topic=topic.topic)
         FleetDashboard(
             self, "Dashboard", dashboard_name=s.stack_name, fleet=fleet, alarms=alarms.alarms
         )
@@ -133,6 +137,7 @@ class WebSocketFleetStack(Stack):
             "FailedEventsQueueUrl": router.failed_events.queue_url,
             "EventBusName": bus.bus.event_bus_name,
             "EventBusArn": bus.bus.event_bus_arn,
+            "AlarmTopicArn": topic.topic.topic_arn,
             "DashboardUrl": (
                 f"https://{Aws.REGION}.console.aws.amazon.com/cloudwatch/home"
                 f"?region={Aws.REGION}#dashboards/dashboard/{s.stack_name}"

@@ -53,6 +53,8 @@ FARGATE_MEMORY: Final = {
 _HOST_GLOB = re.compile(r"^[A-Za-z0-9*?.\-\[\]]+$")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,62}$")
 _EVENT_BUS_NAME = re.compile(r"^[A-Za-z0-9._-]{1,256}$")
+_TOPIC_ARN = re.compile(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _PRINCIPAL_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(root|(role|user)/[\w+=,.@/-]{1,512})$")
 MAX_ROUTER_RESERVED_CONCURRENCY: Final = 900
 """A default account runs 1,000 concurrent executions and must keep 100 unreserved: a
@@ -111,6 +113,10 @@ class FleetSettings:
     event_source: str = "websocket-fleet"
     log_retention_days: int = 30
     alarm_topic_arn: str | None = None
+    """An existing topic for every alarm's notifications; without it the stack
+    creates one."""
+    alarm_email: str | None = None
+    """Subscribed to the stack's own alarm topic (confirmed from the email)."""
     router_reserved_concurrency: int = 10
     """Router executions at once: about 30 calls/s each, 1-2 state-index writes per
     call, next to the renews on that index's one hot partition (docs/DEPLOY.md)."""
@@ -192,6 +198,16 @@ def validate(s: FleetSettings) -> None:
             all(_PRINCIPAL_ARN.fullmatch(arn) for arn in s.event_putter_arns),
             "eventPutterArns: IAM role, user or account root ARNs, e.g. "
             "arn:aws:iam::<account>:role/<name> or arn:aws:iam::<account>:root",
+        ),
+        (
+            s.alarm_topic_arn is None or bool(_TOPIC_ARN.fullmatch(s.alarm_topic_arn)),
+            "alarmTopicArn: a standard SNS topic ARN, arn:aws:sns:<region>:<account>:<name>",
+        ),
+        (s.alarm_email is None or bool(_EMAIL.fullmatch(s.alarm_email)), "alarmEmail"),
+        (
+            not (s.alarm_email and s.alarm_topic_arn),
+            "alarmEmail subscribes to the stack's own topic; with alarmTopicArn, "
+            "subscribe at that topic's owner instead",
         ),
         (
             1 <= s.router_reserved_concurrency <= MAX_ROUTER_RESERVED_CONCURRENCY,
@@ -292,6 +308,7 @@ _KEYS: Final[dict[str, tuple[str, Any]]] = {
     "eventSource": ("event_source", str),
     "logRetentionDays": ("log_retention_days", _int),
     "alarmTopicArn": ("alarm_topic_arn", lambda v: str(v) if v else None),
+    "alarmEmail": ("alarm_email", lambda v: str(v) if v else None),
     "routerReservedConcurrency": ("router_reserved_concurrency", _int),
     "taskCpu": ("task_cpu", _int),
     "taskMemoryMiB": ("task_memory_mib", _int),

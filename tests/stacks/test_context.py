@@ -137,7 +137,12 @@ def test_named_bus_lets_in_the_account_and_the_listed_principals(
 
 def test_bus_topic_dlq_and_dev_removal_policy(overridden: Synthesized) -> None:
     alarms = of_type(overridden.resources, "AWS::CloudWatch::Alarm").values()
+    assert alarms
     assert all(a["Properties"]["AlarmActions"] == [TOPIC] for a in alarms)
+    assert all(a["Properties"]["OKActions"] == [TOPIC] for a in alarms)
+    # A given topic is used as it is: no topic, key or subscription of the stack's own.
+    for cfn_type in ("AWS::SNS::Topic", "AWS::KMS::Key", "AWS::SNS::Subscription"):
+        assert of_type(overridden.resources, cfn_type) == {}, cfn_type
     queues = of_type(overridden.resources, "AWS::SQS::Queue").values()
     assert [
         q["Properties"]["RedrivePolicy"]["maxReceiveCount"]
@@ -174,6 +179,9 @@ def _settings(context: dict[str, Any]) -> Any:
         ({"fleet:allowedUpstreamHosts": "wss://feed.example.com/x"}, "allowedUpstreamHosts"),
         ({"fleet:taskMemoryMiB": "300"}, "taskMemoryMiB"),
         ({"fleet:tableBilling": "FREE"}, "tableBilling"),
+        ({"fleet:alarmEmail": "oncall"}, "alarmEmail"),
+        ({"fleet:alarmTopicArn": "arn:aws:sqs:eu-west-1:123456789012:q"}, "alarmTopicArn"),
+        ({"fleet:alarmTopicArn": TOPIC, "fleet:alarmEmail": "a@example.com"}, "alarmEmail"),
         ({"fleet:routerReservedConcurrency": "0"}, "routerReservedConcurrency"),
         ({"fleet:routerReservedConcurrency": "901"}, "routerReservedConcurrency"),
         ({"fleet:routerReservedConcurrency": "12.5"}, "routerReservedConcurrency"),

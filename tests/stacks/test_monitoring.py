@@ -6,11 +6,21 @@ import json
 
 import pytest
 
-from tests.stacks.cfn import of_type, only
-from tests.stacks.conftest import Synthesized
+from tests.stacks.cfn import arn, of_type, only
+from tests.stacks.conftest import Synthesized, cdk_json_context, synthesize
 from wsfleet import metric_names as m
 
 pytestmark = pytest.mark.cdk
+
+EMAIL = "oncall@example.com"
+
+
+@pytest.fixture(scope="module")
+def with_email(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    """A synth (cdk-nag included) whose context subscribes an email address."""
+    return synthesize(
+        {**cdk_json_context(), "fleet:alarmEmail": EMAIL}, tmp_path_factory.mktemp("email.out")
+    )
 
 
 def _alarms(synth: Synthesized) -> dict[str, dict]:
@@ -66,10 +76,73 @@ def test_throttling_alarm_covers_table_and_index(synth: Synthesized) -> None:
     }
 
 
-def test_no_alarm_actions_without_a_topic(synth: Synthesized) -> None:
+def test_every_alarm_notifies_the_stacks_topic_on_alarm_and_on_ok(synth: Synthesized) -> None:
     assert synth.settings.alarm_topic_arn is None
-    assert all("AlarmActions" not in alarm for alarm in _alarms(synth).values())
-    assert len(_alarms(synth)) == 6
+    topic_id, _ = only(synth.resources, "AWS::SNS::Topic")
+    alarms = _alarms(synth)
+    assert len(alarms) == 6
+    for name, alarm in alarms.items():
+        assert alarm["AlarmActions"] == [{"Ref": topic_id}], name
+        assert alarm["OKActions"] == [{"Ref": topic_id}], name
+    assert synth.template.to_json()["Outputs"]["AlarmTopicArn"]["Value"] == {"Ref": topic_id}
+
+
+def test_alarm_topic_is_encrypted_with_a_key_cloudwatch_may_use(synth: Synthesized) -> None:
+    key_id, key = only(synth.resources, "AWS::KMS::Key")
+    synth.template.has_resource_properties("AWS::SNS::Topic", {"KmsMasterKeyId": arn(key_id)})
+    assert key["EnableKeyRotation"] is True
+    (cloudwatch,) = [
+        statement
+        for statement in key["KeyPolicy"]["Statement"]
+        if statement["Principal"] == {"Service": "cloudwatch.amazonaws.com"}
+    ]
+    assert cloudwatch["Effect"] == "Allow"
+    assert cloudwatch["Action"] == ["kms:Decrypt", "kms:GenerateDataKey*"]
+
+
+def test_alarm_topic_requires_tls_and_lets_this_accounts_alarms_publish(
+    synth: Synthesized,
+) -> None:
+    topic_id, _ = only(synth.resources, "AWS::SNS::Topic")
+    _, policy = only(synth.resources, "AWS::SNS::TopicPolicy")
+    assert policy["Topics"] == [{"Ref": topic_id}]
+    statements = {s["Sid"]: s for s in policy["PolicyDocument"]["Statement"]}
+    assert statements["AllowPublishThroughSSLOnly"] == {
+        "Sid": "AllowPublishThroughSSLOnly",
+        "Effect": "Deny",
+        "Principal": "*",
+        "Action": "sns:Publish",
+        "Resource": {"Ref": topic_id},
+        "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+    }
+    publish = statements["CloudWatchAlarmsPublish"]
+    assert (publish["Effect"], publish["Action"]) == ("Allow", "sns:Publish")
+    assert publish["Principal"] == {"Service": "cloudwatch.amazonaws.com"}
+    source = publish["Condition"]["ArnLike"]["aws:SourceArn"]["Fn::Join"][1]
+    assert source[1:] == [
+        {"Ref": "AWS::Partition"},
+        ":cloudwatch:",
+        {"Ref": "AWS::Region"},
+        ":",
+        {"Ref": "AWS::AccountId"},
+        ":alarm:*",
+    ]
+    assert len(statements) == 2
+
+
+def test_no_email_subscription_unless_context_sets_one(synth: Synthesized) -> None:
+    assert synth.settings.alarm_email is None
+    assert of_type(synth.resources, "AWS::SNS::Subscription") == {}
+
+
+def test_email_from_context_is_subscribed_to_the_alarm_topic(with_email: Synthesized) -> None:
+    topic_id, _ = only(with_email.resources, "AWS::SNS::Topic")
+    _, subscription = only(with_email.resources, "AWS::SNS::Subscription")
+    assert subscription == {"Protocol": "email", "Endpoint": EMAIL, "TopicArn": {"Ref": topic_id}}
+    with_email.template.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {"AlarmActions": [{"Ref": topic_id}], "OKActions": [{"Ref": topic_id}]},
+    )
 
 
 def test_dashboard_shows_fleet_per_task_queue_ecs_and_dynamodb_metrics(synth: Synthesized) -> None:
