@@ -120,11 +120,18 @@ class WebSocketFleetStack(Stack):
             service=workers.service,
             router=router.function,
             api=api.api,
+            api_stage=api.stage,
         )
         topic = AlarmTopic(
             self, "AlarmTopic", existing_topic_arn=s.alarm_topic_arn, email=s.alarm_email
         )
-        alarms = FleetAlarms(self, "Alarms", fleet=fleet, topic=topic.topic)
+        alarms = FleetAlarms(
+            self,
+            "Alarms",
+            fleet=fleet,
+            topic=topic.topic,
+            start_age_alarm_seconds=s.start_age_alarm_seconds,
+        )
         FleetDashboard(
             self, "Dashboard", dashboard_name=s.stack_name, fleet=fleet, alarms=alarms.alarms
         )

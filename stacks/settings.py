@@ -117,6 +117,12 @@ class FleetSettings:
     creates one."""
     alarm_email: str | None = None
     """Subscribed to the stack's own alarm topic (confirmed from the email)."""
+    start_age_alarm_seconds: int = 600
+    """StartMessagesWaiting fires at this age of the oldest start hint. A hint is
+    normally taken within one long poll (10 s); a poison one reaches the DLQ after
+    ``dlqMaxReceiveCount`` receives a visibility timeout (60 s) apart, about 5 minutes
+    at the default 5, which stays below 10 minutes; scale-out adds a task in 2 to 3
+    minutes. Older than that, no worker takes starts."""
     router_reserved_concurrency: int = 10
     """Router executions at once: about 30 calls/s each, 1-2 state-index writes per
     call, next to the renews on that index's one hot partition (docs/DEPLOY.md)."""
@@ -208,6 +214,10 @@ def validate(s: FleetSettings) -> None:
             not (s.alarm_email and s.alarm_topic_arn),
             "alarmEmail subscribes to the stack's own topic; with alarmTopicArn, "
             "subscribe at that topic's owner instead",
+        ),
+        (
+            60 <= s.start_age_alarm_seconds <= 345_600,
+            "startAgeAlarmSeconds must be 60..345600 (the start queue keeps hints 4 days)",
         ),
         (
             1 <= s.router_reserved_concurrency <= MAX_ROUTER_RESERVED_CONCURRENCY,
@@ -309,6 +319,7 @@ _KEYS: Final[dict[str, tuple[str, Any]]] = {
     "logRetentionDays": ("log_retention_days", _int),
     "alarmTopicArn": ("alarm_topic_arn", lambda v: str(v) if v else None),
     "alarmEmail": ("alarm_email", lambda v: str(v) if v else None),
+    "startAgeAlarmSeconds": ("start_age_alarm_seconds", _int),
     "routerReservedConcurrency": ("router_reserved_concurrency", _int),
     "taskCpu": ("task_cpu", _int),
     "taskMemoryMiB": ("task_memory_mib", _int),

@@ -46,6 +46,7 @@ OVERRIDES = {
     "fleet:alarmTopicArn": TOPIC,
     "fleet:dlqMaxReceiveCount": "3",
     "fleet:routerReservedConcurrency": "25",
+    "fleet:startAgeAlarmSeconds": "900",
 }
 
 
@@ -140,6 +141,10 @@ def test_bus_topic_dlq_and_dev_removal_policy(overridden: Synthesized) -> None:
     assert alarms
     assert all(a["Properties"]["AlarmActions"] == [TOPIC] for a in alarms)
     assert all(a["Properties"]["OKActions"] == [TOPIC] for a in alarms)
+    overridden.template.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {"MetricName": "ApproximateAgeOfOldestMessage", "Threshold": 900},
+    )
     # A given topic is used as it is: no topic, key or subscription of the stack's own.
     for cfn_type in ("AWS::SNS::Topic", "AWS::KMS::Key", "AWS::SNS::Subscription"):
         assert of_type(overridden.resources, cfn_type) == {}, cfn_type
@@ -182,6 +187,9 @@ def _settings(context: dict[str, Any]) -> Any:
         ({"fleet:alarmEmail": "oncall"}, "alarmEmail"),
         ({"fleet:alarmTopicArn": "arn:aws:sqs:eu-west-1:123456789012:q"}, "alarmTopicArn"),
         ({"fleet:alarmTopicArn": TOPIC, "fleet:alarmEmail": "a@example.com"}, "alarmEmail"),
+        ({"fleet:startAgeAlarmSeconds": "30"}, "startAgeAlarmSeconds"),
+        ({"fleet:startAgeAlarmSeconds": "600.5"}, "startAgeAlarmSeconds"),
+        ({"fleet:startAgeAlarmSeconds": "ten minutes"}, "startAgeAlarmSeconds"),
         ({"fleet:routerReservedConcurrency": "0"}, "routerReservedConcurrency"),
         ({"fleet:routerReservedConcurrency": "901"}, "routerReservedConcurrency"),
         ({"fleet:routerReservedConcurrency": "12.5"}, "routerReservedConcurrency"),

@@ -34,6 +34,15 @@ def _alarm(synth: Synthesized, name: str) -> dict:
     return found
 
 
+def _start_queue(synth: Synthesized) -> tuple[str, dict]:
+    (found,) = [
+        (k, v["Properties"])
+        for k, v in of_type(synth.resources, "AWS::SQS::Queue").items()
+        if "RedrivePolicy" in v["Properties"]
+    ]
+    return found
+
+
 def test_dlq_alarms_fire_on_a_single_message(synth: Synthesized) -> None:
     for name in ("StartDlqNotEmpty", "FailedEventsNotEmpty"):
         alarm = _alarm(synth, name)
@@ -51,10 +60,23 @@ def test_dlq_alarms_fire_on_a_single_message(synth: Synthesized) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "metric"),
-    [("OrphansPersisting", m.ORPHANS_FOUND), ("LeaseLossesSpiking", m.LEASES_LOST)],
+    ("name", "metric", "period", "threshold", "datapoints", "periods"),
+    [
+        ("OrphansPersisting", m.ORPHANS_FOUND, 60, 1, 5, 5),
+        ("LeaseLossesSpiking", m.LEASES_LOST, 300, 5, 1, 1),
+        # sustained: failures in 3 of 5 one-minute periods, not one bad minute
+        ("RenewFailuresSustained", m.RENEW_FAILURES, 60, 1, 3, 5),
+    ],
 )
-def test_lease_alarms_read_the_worker_metrics(synth: Synthesized, name: str, metric: str) -> None:
+def test_lease_alarms_read_the_worker_metrics(
+    synth: Synthesized,
+    name: str,
+    metric: str,
+    period: int,
+    threshold: int,
+    datapoints: int,
+    periods: int,
+) -> None:
     alarm = _alarm(synth, name)
     assert alarm["Namespace"] == m.DEFAULT_NAMESPACE
     assert alarm["MetricName"] == metric
@@ -62,6 +84,88 @@ def test_lease_alarms_read_the_worker_metrics(synth: Synthesized, name: str, met
         {"Name": m.SERVICE_DIMENSION, "Value": synth.settings.service_name}
     ]
     assert alarm["Statistic"] == "Sum"
+    assert (alarm["Period"], alarm["Threshold"]) == (period, threshold)
+    assert (alarm["DatapointsToAlarm"], alarm["EvaluationPeriods"]) == (datapoints, periods)
+    assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    assert alarm["TreatMissingData"] == "notBreaching"
+
+
+def test_oldest_start_message_alarm_uses_the_start_queue_and_the_context_threshold(
+    synth: Synthesized,
+) -> None:
+    alarm = _alarm(synth, "StartMessagesWaiting")
+    queue_id, _ = _start_queue(synth)
+    assert (alarm["Namespace"], alarm["MetricName"]) == ("AWS/SQS", "ApproximateAgeOfOldestMessage")
+    assert alarm["Dimensions"] == [
+        {"Name": "QueueName", "Value": {"Fn::GetAtt": [queue_id, "QueueName"]}}
+    ]
+    assert (alarm["Statistic"], alarm["Period"]) == ("Maximum", 60)
+    assert alarm["Threshold"] == synth.settings.start_age_alarm_seconds == 600
+    assert (alarm["DatapointsToAlarm"], alarm["EvaluationPeriods"]) == (2, 2)
+    assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+
+
+def test_router_errors_and_api_5xx_alarms_fire_on_errors_in_2_of_3_periods(
+    synth: Synthesized,
+) -> None:
+    (router_id,) = [
+        k
+        for k, v in of_type(synth.resources, "AWS::Lambda::Function").items()
+        if v["Properties"].get("Handler") == "lambdas.router.main.handler"
+    ]
+    api_id, _ = only(synth.resources, "AWS::ApiGatewayV2::Api")
+    _, stage = only(synth.resources, "AWS::ApiGatewayV2::Stage")
+    expected = {
+        "RouterErrors": (
+            "AWS/Lambda",
+            "Errors",
+            [{"Name": "FunctionName", "Value": {"Ref": router_id}}],
+        ),
+        "ApiServerErrors": (
+            "AWS/ApiGateway",
+            "5xx",
+            [
+                {"Name": "ApiId", "Value": {"Ref": api_id}},
+                {"Name": "Stage", "Value": stage["StageName"]},
+            ],
+        ),
+    }
+    for name, (namespace, metric, dimensions) in expected.items():
+        alarm = _alarm(synth, name)
+        assert (alarm["Namespace"], alarm["MetricName"]) == (namespace, metric), name
+        assert alarm["Dimensions"] == dimensions, name
+        assert (alarm["Statistic"], alarm["Period"], alarm["Threshold"]) == ("Sum", 300, 1)
+        assert (alarm["DatapointsToAlarm"], alarm["EvaluationPeriods"]) == (2, 3)
+        assert alarm["TreatMissingData"] == "notBreaching"
+
+
+def test_no_worker_alarm_counts_no_data_as_down_but_not_before_a_warm_up(
+    synth: Synthesized,
+) -> None:
+    alarm = _alarm(synth, "NoWorkerRunning")
+    cluster_id, _ = only(synth.resources, "AWS::ECS::Cluster")
+    service_id, _ = only(synth.resources, "AWS::ECS::Service")
+    (query,) = alarm["Metrics"]
+    assert query["ReturnData"] is True
+    assert query["MetricStat"]["Metric"] == {
+        "Namespace": "ECS/ContainerInsights",
+        "MetricName": "RunningTaskCount",
+        "Dimensions": [
+            {"Name": "ClusterName", "Value": {"Ref": cluster_id}},
+            {"Name": "ServiceName", "Value": {"Fn::GetAtt": [service_id, "Name"]}},
+        ],
+    }
+    assert (query["MetricStat"]["Stat"], query["MetricStat"]["Period"]) == ("Minimum", 60)
+    assert (alarm["ComparisonOperator"], alarm["Threshold"]) == ("LessThanThreshold", 1)
+    assert (alarm["DatapointsToAlarm"], alarm["EvaluationPeriods"]) == (3, 3)
+    # Container Insights is silent when no task runs, so missing data breaches; a
+    # fresh stack has no data yet either, and stays INSUFFICIENT_DATA (no action)
+    # until the window holds data or 15 minutes have passed.
+    assert alarm["TreatMissingData"] == "breaching"
+    assert alarm["WarmUpConfiguration"] == {"WarmUpPeriodDurationInMinutes": 15}
+    others = [a for k, a in _alarms(synth).items() if "NoWorkerRunning" not in k]
+    assert all(a["TreatMissingData"] == "notBreaching" for a in others)
+    assert all("WarmUpConfiguration" not in a for a in others)
 
 
 def test_throttling_alarm_covers_table_and_index(synth: Synthesized) -> None:
@@ -80,7 +184,7 @@ def test_every_alarm_notifies_the_stacks_topic_on_alarm_and_on_ok(synth: Synthes
     assert synth.settings.alarm_topic_arn is None
     topic_id, _ = only(synth.resources, "AWS::SNS::Topic")
     alarms = _alarms(synth)
-    assert len(alarms) == 6
+    assert len(alarms) == 10
     for name, alarm in alarms.items():
         assert alarm["AlarmActions"] == [{"Ref": topic_id}], name
         assert alarm["OKActions"] == [{"Ref": topic_id}], name
