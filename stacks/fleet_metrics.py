@@ -81,6 +81,7 @@ class MonitoredFleet:
     service: ecs.FargateService
     router: lambda_.IFunction
     api: apigwv2.HttpApi
+    api_stage: apigwv2.HttpStage
 
     def worker(self, metric_name: str, **options: Any) -> cw.Metric:
         return fleet_metric(metric_name, service=self.service_name, **options)

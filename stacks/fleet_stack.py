@@ -9,9 +9,11 @@ from aws_cdk import Aws, CfnOutput, RemovalPolicy, Stack
 from constructs import Construct
 
 from lambdas.router import settings as router_env
+from stacks.alarm_topic import AlarmTopic
 from stacks.alarms import FleetAlarms
 from stacks.connection_table import ConnectionTable
 from stacks.dashboard import FleetDashboard
+from stacks.event_bus import FleetEventBus
 from stacks.fleet_metrics import MonitoredFleet
 from stacks.network import FleetNetwork
 from stacks.router_api import RouterApi
@@ -86,6 +88,7 @@ class WebSocketFleetStack(Stack):
                 "POWERTOOLS_SERVICE_NAME": f"{s.service_name}-router",
             },
             powertools_version=s.powertools_version,
+            reserved_concurrency=s.router_reserved_concurrency,
             log_retention=retention,
             removal_policy=removal,
         )
@@ -94,12 +97,15 @@ class WebSocketFleetStack(Stack):
         api = RouterApi(
             self, "Api", handler=router.function, log_retention=retention, removal_policy=removal
         )
+        bus = FleetEventBus(
+            self, "EventBus", bus_name=s.event_bus_name, putter_arns=s.event_putter_arns
+        )
         RouterEvents(
             self,
             "Events",
             handler=router.function,
             dead_letter_queue=router.failed_events,
-            event_bus_name=s.event_bus_name,
+            event_bus=bus.bus,
             source=s.event_source,
         )
 
@@ -114,8 +120,18 @@ class WebSocketFleetStack(Stack):
             service=workers.service,
             router=router.function,
             api=api.api,
+            api_stage=api.stage,
         )
-        alarms = FleetAlarms(self, "Alarms", fleet=fleet, alarm_topic_arn=s.alarm_topic_arn)
+        topic = AlarmTopic(
+            self, "AlarmTopic", existing_topic_arn=s.alarm_topic_arn, email=s.alarm_email
+        )
+        alarms = FleetAlarms(
+            self,
+            "Alarms",
+            fleet=fleet,
+            topic=topic.topic,
+            start_age_alarm_seconds=s.start_age_alarm_seconds,
+        )
         FleetDashboard(
             self, "Dashboard", dashboard_name=s.stack_name, fleet=fleet, alarms=alarms.alarms
         )
@@ -126,6 +142,9 @@ class WebSocketFleetStack(Stack):
             "QueueUrl": starts.queue.queue_url,
             "DeadLetterQueueUrl": starts.dead_letter_queue.queue_url,
             "FailedEventsQueueUrl": router.failed_events.queue_url,
+            "EventBusName": bus.bus.event_bus_name,
+            "EventBusArn": bus.bus.event_bus_arn,
+            "AlarmTopicArn": topic.topic.topic_arn,
             "DashboardUrl": (
                 f"https://{Aws.REGION}.console.aws.amazon.com/cloudwatch/home"
                 f"?region={Aws.REGION}#dashboards/dashboard/{s.stack_name}"

@@ -17,7 +17,7 @@ DELIVERY_MAX_EVENT_AGE: Final = Duration.hours(1)
 
 
 class RouterEvents(Construct):
-    """A rule on the configured bus (the account's default bus unless named).
+    """A rule on the fleet's own bus (``FleetEventBus``), never the default bus.
 
     Two bounded retry budgets, one dead-letter queue: EventBridge retries delivering
     to the function (throttling, for instance) a few times within an hour, and the
@@ -33,20 +33,15 @@ class RouterEvents(Construct):
         *,
         handler: lambda_.IFunction,
         dead_letter_queue: sqs.IQueue,
-        event_bus_name: str | None,
+        event_bus: events.IEventBus,
         source: str,
     ) -> None:
         super().__init__(scope, construct_id)
-        bus = (
-            events.EventBus.from_event_bus_name(self, "Bus", event_bus_name)
-            if event_bus_name
-            else None
-        )
         self.rule = events.Rule(
             self,
             "Rule",
             description="Start and stop upstream WebSocket connections",
-            event_bus=bus,
+            event_bus=event_bus,
             event_pattern=events.EventPattern(source=[source], detail_type=list(DETAIL_TYPES)),
         )
         self.rule.add_target(

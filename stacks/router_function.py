@@ -30,6 +30,13 @@ class RouterFunction(Construct):
     ``failed_events``, so an event the router cannot handle is kept, never retried
     forever. The role is the stack's to fill: logs to its own group here, the table
     and queue grants in the stack.
+
+    ``reserved_concurrency`` caps the executions that write to the table at once. The
+    HTTP API has its own throttle; the EventBridge path has none, so without the cap a
+    burst of events would fan out to the account's whole concurrency and write to the
+    state index's single hot partition next to the renews. Throttled asynchronous
+    invocations wait in Lambda's queue (up to the one-hour event age, then
+    ``failed_events``); throttled API calls answer 5xx.
     """
 
     def __init__(
@@ -39,6 +46,7 @@ class RouterFunction(Construct):
         *,
         environment: Mapping[str, str],
         powertools_version: str,
+        reserved_concurrency: int,
         log_retention: logs.RetentionDays,
         removal_policy: RemovalPolicy,
     ) -> None:
@@ -72,6 +80,7 @@ class RouterFunction(Construct):
             environment=dict(environment),
             memory_size=256,
             timeout=Duration.seconds(10),
+            reserved_concurrent_executions=reserved_concurrency,
             role=self.role,
             log_group=self.log_group,
             logging_format=lambda_.LoggingFormat.JSON,

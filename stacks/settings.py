@@ -52,6 +52,13 @@ FARGATE_MEMORY: Final = {
 }
 _HOST_GLOB = re.compile(r"^[A-Za-z0-9*?.\-\[\]]+$")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,62}$")
+_EVENT_BUS_NAME = re.compile(r"^[A-Za-z0-9._-]{1,256}$")
+_TOPIC_ARN = re.compile(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+_PRINCIPAL_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(root|(role|user)/[\w+=,.@/-]{1,512})$")
+MAX_ROUTER_RESERVED_CONCURRENCY: Final = 900
+"""A default account runs 1,000 concurrent executions and must keep 100 unreserved: a
+larger reservation would not deploy there, and would cap nothing worth capping."""
 
 
 class SettingsError(ValueError):
@@ -97,10 +104,28 @@ class FleetSettings:
     table_billing: str = "PAY_PER_REQUEST"
     provisioned_capacity: ProvisionedCapacity = ProvisionedCapacity()
     dev: bool = False
-    event_bus_name: str | None = None
+    event_bus_name: str = ""
+    """The bus the stack creates for Start/Stop events; ``<stackName>-events`` unless
+    named."""
+    event_putter_arns: tuple[str, ...] = ()
+    """Principals of other accounts (or named ones of this account) that may put
+    events on the bus, besides the account's own principals."""
     event_source: str = "websocket-fleet"
     log_retention_days: int = 30
     alarm_topic_arn: str | None = None
+    """An existing topic for every alarm's notifications; without it the stack
+    creates one."""
+    alarm_email: str | None = None
+    """Subscribed to the stack's own alarm topic (confirmed from the email)."""
+    start_age_alarm_seconds: int = 600
+    """StartMessagesWaiting fires at this age of the oldest start hint. A hint is
+    normally taken within one long poll (10 s); a poison one reaches the DLQ after
+    ``dlqMaxReceiveCount`` receives a visibility timeout (60 s) apart, about 5 minutes
+    at the default 5, which stays below 10 minutes; scale-out adds a task in 2 to 3
+    minutes. Older than that, no worker takes starts."""
+    router_reserved_concurrency: int = 10
+    """Router executions at once: about 30 calls/s each, 1-2 state-index writes per
+    call, next to the renews on that index's one hot partition (docs/DEPLOY.md)."""
     task_cpu: int = 256
     task_memory_mib: int = 512
     powertools_version: str = ""
@@ -142,6 +167,8 @@ def build_settings(environment: str, values: Mapping[str, Any]) -> FleetSettings
     settings = FleetSettings(**fields)
     if not settings.stack_name:
         settings = replace(settings, stack_name=f"WebSocketFleet-{environment}")
+    if not settings.event_bus_name:
+        settings = replace(settings, event_bus_name=f"{settings.stack_name}-events")
     if not settings.powertools_version:
         settings = replace(settings, powertools_version=pinned_powertools_version())
     validate(settings)
@@ -167,6 +194,35 @@ def validate(s: FleetSettings) -> None:
         (s.task_memory_mib in FARGATE_MEMORY.get(s.task_cpu, ()), "taskCpu/taskMemoryMiB"),
         (bool(re.fullmatch(r"\d+\.\d+\.\d+|latest", s.powertools_version)), "powertoolsVersion"),
         (not (s.dev and s.environment == DEFAULT_ENVIRONMENT), "prod cannot set dev=true"),
+        (
+            s.event_bus_name != "default",
+            "eventBusName cannot be the account's default bus: anyone allowed to put "
+            "events there could start connections without the API's authorization",
+        ),
+        (bool(_EVENT_BUS_NAME.fullmatch(s.event_bus_name)), "eventBusName: [A-Za-z0-9._-]{1,256}"),
+        (
+            all(_PRINCIPAL_ARN.fullmatch(arn) for arn in s.event_putter_arns),
+            "eventPutterArns: IAM role, user or account root ARNs, e.g. "
+            "arn:aws:iam::<account>:role/<name> or arn:aws:iam::<account>:root",
+        ),
+        (
+            s.alarm_topic_arn is None or bool(_TOPIC_ARN.fullmatch(s.alarm_topic_arn)),
+            "alarmTopicArn: a standard SNS topic ARN, arn:aws:sns:<region>:<account>:<name>",
+        ),
+        (s.alarm_email is None or bool(_EMAIL.fullmatch(s.alarm_email)), "alarmEmail"),
+        (
+            not (s.alarm_email and s.alarm_topic_arn),
+            "alarmEmail subscribes to the stack's own topic; with alarmTopicArn, "
+            "subscribe at that topic's owner instead",
+        ),
+        (
+            60 <= s.start_age_alarm_seconds <= 345_600,
+            "startAgeAlarmSeconds must be 60..345600 (the start queue keeps hints 4 days)",
+        ),
+        (
+            1 <= s.router_reserved_concurrency <= MAX_ROUTER_RESERVED_CONCURRENCY,
+            f"routerReservedConcurrency must be 1..{MAX_ROUTER_RESERVED_CONCURRENCY}",
+        ),
     ]
     for ok, message in checks:
         if not ok:
@@ -257,10 +313,14 @@ _KEYS: Final[dict[str, tuple[str, Any]]] = {
     "tableBilling": ("table_billing", lambda v: str(v).upper()),
     "provisionedCapacity": ("provisioned_capacity", lambda v: ProvisionedCapacity(**_snake(v))),
     "dev": ("dev", _bool),
-    "eventBusName": ("event_bus_name", lambda v: None if v in (None, "", "default") else str(v)),
+    "eventBusName": ("event_bus_name", lambda v: str(v) if v else ""),
+    "eventPutterArns": ("event_putter_arns", lambda v: tuple(_str_list(v)) if v else ()),
     "eventSource": ("event_source", str),
     "logRetentionDays": ("log_retention_days", _int),
     "alarmTopicArn": ("alarm_topic_arn", lambda v: str(v) if v else None),
+    "alarmEmail": ("alarm_email", lambda v: str(v) if v else None),
+    "startAgeAlarmSeconds": ("start_age_alarm_seconds", _int),
+    "routerReservedConcurrency": ("router_reserved_concurrency", _int),
     "taskCpu": ("task_cpu", _int),
     "taskMemoryMiB": ("task_memory_mib", _int),
     "powertoolsVersion": ("powertools_version", str),

@@ -20,6 +20,15 @@ def only(resources: Resources, cfn_type: str) -> tuple[str, dict[str, Any]]:
     return logical_id, resource.get("Properties", {})
 
 
+ACCOUNT_ROOT: dict[str, Any] = {
+    "Fn::Join": [
+        "",
+        ["arn:", {"Ref": "AWS::Partition"}, ":iam::", {"Ref": "AWS::AccountId"}, ":root"],
+    ]
+}
+"""The deploying account as a principal (``arn:<partition>:iam::<account>:root``)."""
+
+
 def arn(logical_id: str) -> dict[str, Any]:
     return {"Fn::GetAtt": [logical_id, "Arn"]}
 
@@ -54,3 +63,11 @@ def canonical(value: Any) -> str:
 
 def grants(actions: list[str], *resources: Any) -> set[tuple[str, str]]:
     return {(action, canonical(resource)) for action in actions for resource in resources}
+
+
+def bus_put_events_statements(resources: Resources) -> list[dict[str, Any]]:
+    """The statements of every event bus policy, each checked to be on the one bus."""
+    bus_id, _ = only(resources, "AWS::Events::EventBus")
+    policies = of_type(resources, "AWS::Events::EventBusPolicy").values()
+    assert all(p["Properties"]["EventBusName"] == {"Ref": bus_id} for p in policies)
+    return [p["Properties"]["Statement"] for p in policies]

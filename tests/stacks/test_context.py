@@ -16,13 +16,17 @@ from stacks.settings import (
     pinned_powertools_version,
     settings_from_context,
 )
-from tests.stacks.cfn import of_type, only
+from tests.stacks.cfn import ACCOUNT_ROOT, arn, bus_put_events_statements, of_type, only
 from tests.stacks.conftest import Synthesized, cdk_json_context, synthesize
 from wsfleet import schema
 
 pytestmark = pytest.mark.cdk
 
 TOPIC = "arn:aws:sns:eu-west-1:123456789012:fleet-alarms"
+PUTTERS = [
+    "arn:aws:iam::210987654321:role/order-service",
+    "arn:aws:iam::123456789012:role/ingest",
+]
 IMPORTED_VPC = {
     "vpcId": "vpc-0123456789abcdef0",
     "availabilityZones": ["eu-west-1a", "eu-west-1b"],
@@ -38,8 +42,11 @@ OVERRIDES = {
     "fleet:provisionedCapacity": json.dumps({"minWrite": 10, "maxWrite": 200}),
     "fleet:vpc": json.dumps(IMPORTED_VPC),
     "fleet:eventBusName": "fleet-bus",
+    "fleet:eventPutterArns": json.dumps(PUTTERS),
     "fleet:alarmTopicArn": TOPIC,
     "fleet:dlqMaxReceiveCount": "3",
+    "fleet:routerReservedConcurrency": "25",
+    "fleet:startAgeAlarmSeconds": "900",
 }
 
 
@@ -111,11 +118,36 @@ def test_imported_vpc_is_used_without_lookup_or_new_network(overridden: Synthesi
     assert group["VpcId"] == IMPORTED_VPC["vpcId"]
 
 
-def test_bus_topic_dlq_and_dev_removal_policy(overridden: Synthesized) -> None:
+def test_named_bus_lets_in_the_account_and_the_listed_principals(
+    overridden: Synthesized,
+) -> None:
+    bus_id, bus = only(overridden.resources, "AWS::Events::EventBus")
+    assert bus["Name"] == "fleet-bus"
     _, rule = only(overridden.resources, "AWS::Events::Rule")
-    assert rule["EventBusName"] == "fleet-bus"
+    assert rule["EventBusName"] == {"Ref": bus_id}
+    statements = bus_put_events_statements(overridden.resources)
+    assert {s["Sid"]: s["Principal"] for s in statements} == {
+        "cdk-AccountPutsEvents": {"AWS": ACCOUNT_ROOT},
+        "cdk-ListedPrincipalsPutEvents": {"AWS": PUTTERS},
+    }
+    assert all(
+        (s["Effect"], s["Action"], s["Resource"]) == ("Allow", "events:PutEvents", arn(bus_id))
+        for s in statements
+    )
+
+
+def test_bus_topic_dlq_and_dev_removal_policy(overridden: Synthesized) -> None:
     alarms = of_type(overridden.resources, "AWS::CloudWatch::Alarm").values()
+    assert alarms
     assert all(a["Properties"]["AlarmActions"] == [TOPIC] for a in alarms)
+    assert all(a["Properties"]["OKActions"] == [TOPIC] for a in alarms)
+    overridden.template.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {"MetricName": "ApproximateAgeOfOldestMessage", "Threshold": 900},
+    )
+    # A given topic is used as it is: no topic, key or subscription of the stack's own.
+    for cfn_type in ("AWS::SNS::Topic", "AWS::KMS::Key", "AWS::SNS::Subscription"):
+        assert of_type(overridden.resources, cfn_type) == {}, cfn_type
     queues = of_type(overridden.resources, "AWS::SQS::Queue").values()
     assert [
         q["Properties"]["RedrivePolicy"]["maxReceiveCount"]
@@ -123,6 +155,15 @@ def test_bus_topic_dlq_and_dev_removal_policy(overridden: Synthesized) -> None:
         if "RedrivePolicy" in q["Properties"]
     ] == [3]
     overridden.template.has_resource("AWS::DynamoDB::Table", {"DeletionPolicy": "Delete"})
+
+
+def test_router_reserved_concurrency_follows_context(overridden: Synthesized) -> None:
+    (function,) = [
+        f["Properties"]
+        for f in of_type(overridden.resources, "AWS::Lambda::Function").values()
+        if f["Properties"].get("Handler") == "lambdas.router.main.handler"
+    ]
+    assert function["ReservedConcurrentExecutions"] == 25
 
 
 def _settings(context: dict[str, Any]) -> Any:
@@ -143,7 +184,26 @@ def _settings(context: dict[str, Any]) -> Any:
         ({"fleet:allowedUpstreamHosts": "wss://feed.example.com/x"}, "allowedUpstreamHosts"),
         ({"fleet:taskMemoryMiB": "300"}, "taskMemoryMiB"),
         ({"fleet:tableBilling": "FREE"}, "tableBilling"),
+        ({"fleet:alarmEmail": "oncall"}, "alarmEmail"),
+        ({"fleet:alarmTopicArn": "arn:aws:sqs:eu-west-1:123456789012:q"}, "alarmTopicArn"),
+        ({"fleet:alarmTopicArn": TOPIC, "fleet:alarmEmail": "a@example.com"}, "alarmEmail"),
+        ({"fleet:startAgeAlarmSeconds": "30"}, "startAgeAlarmSeconds"),
+        ({"fleet:startAgeAlarmSeconds": "600.5"}, "startAgeAlarmSeconds"),
+        ({"fleet:startAgeAlarmSeconds": "ten minutes"}, "startAgeAlarmSeconds"),
+        ({"fleet:routerReservedConcurrency": "0"}, "routerReservedConcurrency"),
+        ({"fleet:routerReservedConcurrency": "901"}, "routerReservedConcurrency"),
+        ({"fleet:routerReservedConcurrency": "12.5"}, "routerReservedConcurrency"),
+        ({"fleet:routerReservedConcurrency": "true"}, "routerReservedConcurrency"),
+        ({"fleet:routerReservedConcurrency": "many"}, "routerReservedConcurrency"),
         ({ENVIRONMENT_KEY: "staging"}, "staging"),
+        ({"fleet:eventBusName": "default"}, "default bus"),
+        ({"fleet:eventBusName": "my bus"}, "eventBusName"),
+        ({"fleet:eventPutterArns": "*"}, "eventPutterArns"),
+        ({"fleet:eventPutterArns": "arn:aws:iam::12345:role/short-account"}, "eventPutterArns"),
+        (
+            {"fleet:eventPutterArns": '["arn:aws:sts::123456789012:assumed-role/r/session"]'},
+            "eventPutterArns",
+        ),
     ],
 )
 def test_bad_settings_fail_with_the_key_named(override: dict[str, str], message: str) -> None:

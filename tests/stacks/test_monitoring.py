@@ -6,11 +6,21 @@ import json
 
 import pytest
 
-from tests.stacks.cfn import of_type, only
-from tests.stacks.conftest import Synthesized
+from tests.stacks.cfn import arn, of_type, only
+from tests.stacks.conftest import Synthesized, cdk_json_context, synthesize
 from wsfleet import metric_names as m
 
 pytestmark = pytest.mark.cdk
+
+EMAIL = "oncall@example.com"
+
+
+@pytest.fixture(scope="module")
+def with_email(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    """A synth (cdk-nag included) whose context subscribes an email address."""
+    return synthesize(
+        {**cdk_json_context(), "fleet:alarmEmail": EMAIL}, tmp_path_factory.mktemp("email.out")
+    )
 
 
 def _alarms(synth: Synthesized) -> dict[str, dict]:
@@ -21,6 +31,15 @@ def _alarms(synth: Synthesized) -> dict[str, dict]:
 
 def _alarm(synth: Synthesized, name: str) -> dict:
     (found,) = [props for k, props in _alarms(synth).items() if name in k]
+    return found
+
+
+def _start_queue(synth: Synthesized) -> tuple[str, dict]:
+    (found,) = [
+        (k, v["Properties"])
+        for k, v in of_type(synth.resources, "AWS::SQS::Queue").items()
+        if "RedrivePolicy" in v["Properties"]
+    ]
     return found
 
 
@@ -41,10 +60,23 @@ def test_dlq_alarms_fire_on_a_single_message(synth: Synthesized) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "metric"),
-    [("OrphansPersisting", m.ORPHANS_FOUND), ("LeaseLossesSpiking", m.LEASES_LOST)],
+    ("name", "metric", "period", "threshold", "datapoints", "periods"),
+    [
+        ("OrphansPersisting", m.ORPHANS_FOUND, 60, 1, 5, 5),
+        ("LeaseLossesSpiking", m.LEASES_LOST, 300, 5, 1, 1),
+        # sustained: failures in 3 of 5 one-minute periods, not one bad minute
+        ("RenewFailuresSustained", m.RENEW_FAILURES, 60, 1, 3, 5),
+    ],
 )
-def test_lease_alarms_read_the_worker_metrics(synth: Synthesized, name: str, metric: str) -> None:
+def test_lease_alarms_read_the_worker_metrics(
+    synth: Synthesized,
+    name: str,
+    metric: str,
+    period: int,
+    threshold: int,
+    datapoints: int,
+    periods: int,
+) -> None:
     alarm = _alarm(synth, name)
     assert alarm["Namespace"] == m.DEFAULT_NAMESPACE
     assert alarm["MetricName"] == metric
@@ -52,6 +84,88 @@ def test_lease_alarms_read_the_worker_metrics(synth: Synthesized, name: str, met
         {"Name": m.SERVICE_DIMENSION, "Value": synth.settings.service_name}
     ]
     assert alarm["Statistic"] == "Sum"
+    assert (alarm["Period"], alarm["Threshold"]) == (period, threshold)
+    assert (alarm["DatapointsToAlarm"], alarm["EvaluationPeriods"]) == (datapoints, periods)
+    assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    assert alarm["TreatMissingData"] == "notBreaching"
+
+
+def test_oldest_start_message_alarm_uses_the_start_queue_and_the_context_threshold(
+    synth: Synthesized,
+) -> None:
+    alarm = _alarm(synth, "StartMessagesWaiting")
+    queue_id, _ = _start_queue(synth)
+    assert (alarm["Namespace"], alarm["MetricName"]) == ("AWS/SQS", "ApproximateAgeOfOldestMessage")
+    assert alarm["Dimensions"] == [
+        {"Name": "QueueName", "Value": {"Fn::GetAtt": [queue_id, "QueueName"]}}
+    ]
+    assert (alarm["Statistic"], alarm["Period"]) == ("Maximum", 60)
+    assert alarm["Threshold"] == synth.settings.start_age_alarm_seconds == 600
+    assert (alarm["DatapointsToAlarm"], alarm["EvaluationPeriods"]) == (2, 2)
+    assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+
+
+def test_router_errors_and_api_5xx_alarms_fire_on_errors_in_2_of_3_periods(
+    synth: Synthesized,
+) -> None:
+    (router_id,) = [
+        k
+        for k, v in of_type(synth.resources, "AWS::Lambda::Function").items()
+        if v["Properties"].get("Handler") == "lambdas.router.main.handler"
+    ]
+    api_id, _ = only(synth.resources, "AWS::ApiGatewayV2::Api")
+    _, stage = only(synth.resources, "AWS::ApiGatewayV2::Stage")
+    expected = {
+        "RouterErrors": (
+            "AWS/Lambda",
+            "Errors",
+            [{"Name": "FunctionName", "Value": {"Ref": router_id}}],
+        ),
+        "ApiServerErrors": (
+            "AWS/ApiGateway",
+            "5xx",
+            [
+                {"Name": "ApiId", "Value": {"Ref": api_id}},
+                {"Name": "Stage", "Value": stage["StageName"]},
+            ],
+        ),
+    }
+    for name, (namespace, metric, dimensions) in expected.items():
+        alarm = _alarm(synth, name)
+        assert (alarm["Namespace"], alarm["MetricName"]) == (namespace, metric), name
+        assert alarm["Dimensions"] == dimensions, name
+        assert (alarm["Statistic"], alarm["Period"], alarm["Threshold"]) == ("Sum", 300, 1)
+        assert (alarm["DatapointsToAlarm"], alarm["EvaluationPeriods"]) == (2, 3)
+        assert alarm["TreatMissingData"] == "notBreaching"
+
+
+def test_no_worker_alarm_counts_no_data_as_down_but_not_before_a_warm_up(
+    synth: Synthesized,
+) -> None:
+    alarm = _alarm(synth, "NoWorkerRunning")
+    cluster_id, _ = only(synth.resources, "AWS::ECS::Cluster")
+    service_id, _ = only(synth.resources, "AWS::ECS::Service")
+    (query,) = alarm["Metrics"]
+    assert query["ReturnData"] is True
+    assert query["MetricStat"]["Metric"] == {
+        "Namespace": "ECS/ContainerInsights",
+        "MetricName": "RunningTaskCount",
+        "Dimensions": [
+            {"Name": "ClusterName", "Value": {"Ref": cluster_id}},
+            {"Name": "ServiceName", "Value": {"Fn::GetAtt": [service_id, "Name"]}},
+        ],
+    }
+    assert (query["MetricStat"]["Stat"], query["MetricStat"]["Period"]) == ("Minimum", 60)
+    assert (alarm["ComparisonOperator"], alarm["Threshold"]) == ("LessThanThreshold", 1)
+    assert (alarm["DatapointsToAlarm"], alarm["EvaluationPeriods"]) == (3, 3)
+    # Container Insights is silent when no task runs, so missing data breaches; a
+    # fresh stack has no data yet either, and stays INSUFFICIENT_DATA (no action)
+    # until the window holds data or 15 minutes have passed.
+    assert alarm["TreatMissingData"] == "breaching"
+    assert alarm["WarmUpConfiguration"] == {"WarmUpPeriodDurationInMinutes": 15}
+    others = [a for k, a in _alarms(synth).items() if "NoWorkerRunning" not in k]
+    assert all(a["TreatMissingData"] == "notBreaching" for a in others)
+    assert all("WarmUpConfiguration" not in a for a in others)
 
 
 def test_throttling_alarm_covers_table_and_index(synth: Synthesized) -> None:
@@ -66,10 +180,73 @@ def test_throttling_alarm_covers_table_and_index(synth: Synthesized) -> None:
     }
 
 
-def test_no_alarm_actions_without_a_topic(synth: Synthesized) -> None:
+def test_every_alarm_notifies_the_stacks_topic_on_alarm_and_on_ok(synth: Synthesized) -> None:
     assert synth.settings.alarm_topic_arn is None
-    assert all("AlarmActions" not in alarm for alarm in _alarms(synth).values())
-    assert len(_alarms(synth)) == 6
+    topic_id, _ = only(synth.resources, "AWS::SNS::Topic")
+    alarms = _alarms(synth)
+    assert len(alarms) == 10
+    for name, alarm in alarms.items():
+        assert alarm["AlarmActions"] == [{"Ref": topic_id}], name
+        assert alarm["OKActions"] == [{"Ref": topic_id}], name
+    assert synth.template.to_json()["Outputs"]["AlarmTopicArn"]["Value"] == {"Ref": topic_id}
+
+
+def test_alarm_topic_is_encrypted_with_a_key_cloudwatch_may_use(synth: Synthesized) -> None:
+    key_id, key = only(synth.resources, "AWS::KMS::Key")
+    synth.template.has_resource_properties("AWS::SNS::Topic", {"KmsMasterKeyId": arn(key_id)})
+    assert key["EnableKeyRotation"] is True
+    (cloudwatch,) = [
+        statement
+        for statement in key["KeyPolicy"]["Statement"]
+        if statement["Principal"] == {"Service": "cloudwatch.amazonaws.com"}
+    ]
+    assert cloudwatch["Effect"] == "Allow"
+    assert cloudwatch["Action"] == ["kms:Decrypt", "kms:GenerateDataKey*"]
+
+
+def test_alarm_topic_requires_tls_and_lets_this_accounts_alarms_publish(
+    synth: Synthesized,
+) -> None:
+    topic_id, _ = only(synth.resources, "AWS::SNS::Topic")
+    _, policy = only(synth.resources, "AWS::SNS::TopicPolicy")
+    assert policy["Topics"] == [{"Ref": topic_id}]
+    statements = {s["Sid"]: s for s in policy["PolicyDocument"]["Statement"]}
+    assert statements["AllowPublishThroughSSLOnly"] == {
+        "Sid": "AllowPublishThroughSSLOnly",
+        "Effect": "Deny",
+        "Principal": "*",
+        "Action": "sns:Publish",
+        "Resource": {"Ref": topic_id},
+        "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+    }
+    publish = statements["CloudWatchAlarmsPublish"]
+    assert (publish["Effect"], publish["Action"]) == ("Allow", "sns:Publish")
+    assert publish["Principal"] == {"Service": "cloudwatch.amazonaws.com"}
+    source = publish["Condition"]["ArnLike"]["aws:SourceArn"]["Fn::Join"][1]
+    assert source[1:] == [
+        {"Ref": "AWS::Partition"},
+        ":cloudwatch:",
+        {"Ref": "AWS::Region"},
+        ":",
+        {"Ref": "AWS::AccountId"},
+        ":alarm:*",
+    ]
+    assert len(statements) == 2
+
+
+def test_no_email_subscription_unless_context_sets_one(synth: Synthesized) -> None:
+    assert synth.settings.alarm_email is None
+    assert of_type(synth.resources, "AWS::SNS::Subscription") == {}
+
+
+def test_email_from_context_is_subscribed_to_the_alarm_topic(with_email: Synthesized) -> None:
+    topic_id, _ = only(with_email.resources, "AWS::SNS::Topic")
+    _, subscription = only(with_email.resources, "AWS::SNS::Subscription")
+    assert subscription == {"Protocol": "email", "Endpoint": EMAIL, "TopicArn": {"Ref": topic_id}}
+    with_email.template.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {"AlarmActions": [{"Ref": topic_id}], "OKActions": [{"Ref": topic_id}]},
+    )
 
 
 def test_dashboard_shows_fleet_per_task_queue_ecs_and_dynamodb_metrics(synth: Synthesized) -> None:

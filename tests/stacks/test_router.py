@@ -6,7 +6,7 @@ import pytest
 
 from lambdas.router import settings as router_env
 from stacks.settings import pinned_powertools_version
-from tests.stacks.cfn import arn, of_type, only
+from tests.stacks.cfn import ACCOUNT_ROOT, arn, bus_put_events_statements, of_type, only
 from tests.stacks.conftest import Synthesized
 
 pytestmark = pytest.mark.cdk
@@ -39,6 +39,12 @@ def test_function_runtime_handler_and_environment(synth: Synthesized) -> None:
     assert env[router_env.TABLE_NAME] == {"Ref": table_id}
     assert env[router_env.QUEUE_URL]["Ref"] in synth.resources
     assert env["POWERTOOLS_SERVICE_NAME"]
+
+
+def test_reserved_concurrency_caps_the_router_at_the_default(synth: Synthesized) -> None:
+    _, function = _router(synth)
+    assert synth.settings.router_reserved_concurrency == 10
+    assert function["ReservedConcurrentExecutions"] == 10
 
 
 def test_powertools_layer_resolves_at_deploy_from_the_public_parameter(
@@ -91,10 +97,33 @@ def test_event_rule_sends_start_and_stop_events_to_the_router(synth: Synthesized
         "source": [synth.settings.event_source],
         "detail-type": ["Start Connection", "Stop Connection"],
     }
-    assert "EventBusName" not in rule  # the account's default bus
     (target,) = rule["Targets"]
     function_id, function = _router(synth)
     assert target["Arn"] == arn(function_id)
     assert target["DeadLetterConfig"]["Arn"] == function["DeadLetterConfig"]["TargetArn"]
     assert target["RetryPolicy"]["MaximumRetryAttempts"] <= 5
     assert target["RetryPolicy"]["MaximumEventAgeInSeconds"] <= 3600
+
+
+def test_events_arrive_on_the_fleets_own_bus_not_the_default_one(synth: Synthesized) -> None:
+    bus_id, bus = only(synth.resources, "AWS::Events::EventBus")
+    assert bus["Name"] == synth.settings.event_bus_name == "WebSocketFleet-prod-events"
+    _, rule = only(synth.resources, "AWS::Events::Rule")
+    assert rule["EventBusName"] == {"Ref": bus_id}
+    outputs = synth.template.to_json()["Outputs"]
+    assert outputs["EventBusName"]["Value"] == {"Ref": bus_id}
+    assert outputs["EventBusArn"]["Value"] == arn(bus_id)
+
+
+def test_only_the_account_may_put_events_on_the_bus_by_default(synth: Synthesized) -> None:
+    bus_id, _ = only(synth.resources, "AWS::Events::EventBus")
+    assert synth.settings.event_putter_arns == ()
+    assert bus_put_events_statements(synth.resources) == [
+        {
+            "Sid": "cdk-AccountPutsEvents",
+            "Effect": "Allow",
+            "Principal": {"AWS": ACCOUNT_ROOT},
+            "Action": "events:PutEvents",
+            "Resource": arn(bus_id),
+        }
+    ]

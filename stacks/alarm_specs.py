@@ -1,0 +1,174 @@
+"""What each alarm watches and when it fires. The runbook (what an alarm means, what to
+check first, what to do) is in README.md, Operations; docs/DESIGN.md §6 lists them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from aws_cdk import Duration
+from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_sqs as sqs
+
+from stacks.fleet_metrics import ONE_MINUTE, MonitoredFleet
+from wsfleet import metric_names as m
+
+FIVE_MINUTES: Final = Duration.minutes(5)
+GE: Final = cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
+
+LEASE_LOSSES_PER_5_MIN: Final = 5
+"""A lost lease means a holder was paused or partitioned past its lease; a handful in
+five minutes is a pattern (GC pauses, CPU starvation, a DynamoDB brown-out)."""
+ORPHAN_MINUTES: Final = 5
+"""Orphans are normally taken within about 30 s (lease + reconcile); seen in every
+minute for five minutes they are not being taken (fleet full, or acquires failing)."""
+RENEW_FAILURE_MINUTES: Final = (3, 5)
+"""Renew failures in 3 of 5 one-minute periods. A failed renew is retried at the next
+heartbeat (lease/4) and the holder keeps its lease until its fence deadline, so an
+isolated failure, or one bad minute, costs nothing. Failures in most minutes mean a
+cause that persists (index throttling, network trouble, a starved event loop) and
+holders fencing and losing leases next."""
+ROUTER_ERROR_PERIODS: Final = (2, 3)
+"""Errors in 2 of 3 five-minute periods, for the router function and the API's 5xx.
+The router answers bad input with a 4xx, so an error is a bug or a failing dependency
+(DynamoDB, SQS). One bad period is a blip that the retries absorb; two in fifteen
+minutes are a cause that stays, and still fire under light traffic (a call every few
+minutes)."""
+NO_WORKER_MINUTES: Final = 3
+"""No running task in each of three consecutive minutes: a deployment replaces tasks
+before stopping the old ones, so the count never drops to zero on purpose."""
+NO_WORKER_WARM_UP: Final = Duration.minutes(15)
+"""How long a created (or updated) NoWorkerRunning alarm waits for its first data.
+CloudFormation creates it once the service is stable, and Container Insights reports
+the running tasks a few minutes later; the warm-up ends as soon as the evaluation
+window holds data. A fleet that has reported nothing after 15 minutes is down."""
+
+
+@dataclass(frozen=True, slots=True)
+class AlarmSpec:
+    name: str
+    metric: cw.IMetric
+    threshold: float
+    description: str
+    periods: int = 1
+    datapoints: int = 1
+    comparison: cw.ComparisonOperator = GE
+    missing: cw.TreatMissingData = cw.TreatMissingData.NOT_BREACHING
+    warm_up: Duration | None = None
+
+
+def fleet_alarms(f: MonitoredFleet, *, start_age_seconds: int) -> list[AlarmSpec]:
+    return [*_queue_alarms(f, start_age_seconds), *_worker_alarms(f), *_service_alarms(f)]
+
+
+def _depth(queue: sqs.IQueue) -> cw.Metric:
+    return queue.metric_approximate_number_of_messages_visible(
+        period=FIVE_MINUTES, statistic=cw.Stats.MAXIMUM
+    )
+
+
+def _queue_alarms(f: MonitoredFleet, start_age_seconds: int) -> list[AlarmSpec]:
+    oldest_start = f.queue.metric_approximate_age_of_oldest_message(
+        period=ONE_MINUTE, statistic=cw.Stats.MAXIMUM
+    )
+    return [
+        AlarmSpec(
+            "StartDlqNotEmpty", _depth(f.dead_letter_queue), 1, "start hints reached the DLQ"
+        ),
+        AlarmSpec("FailedEventsNotEmpty", _depth(f.failed_events), 1, "router events failed"),
+        AlarmSpec(
+            "StartMessagesWaiting",
+            oldest_start,
+            start_age_seconds,
+            f"a start hint has waited {start_age_seconds} s or more: no worker takes starts "
+            "(fleet at capacity, or no worker polling)",
+            periods=2,
+            datapoints=2,
+        ),
+    ]
+
+
+def _worker_alarms(f: MonitoredFleet) -> list[AlarmSpec]:
+    renew_datapoints, renew_periods = RENEW_FAILURE_MINUTES
+    return [
+        AlarmSpec(
+            "OrphansPersisting",
+            f.worker(m.ORPHANS_FOUND),
+            1,
+            "STARTED connections stay unowned: fleet at capacity or acquires failing",
+            periods=ORPHAN_MINUTES,
+            datapoints=ORPHAN_MINUTES,
+        ),
+        AlarmSpec(
+            "LeaseLossesSpiking",
+            f.worker(m.LEASES_LOST, period=FIVE_MINUTES),
+            LEASE_LOSSES_PER_5_MIN,
+            "workers lose leases they hold: paused or partitioned holders",
+        ),
+        AlarmSpec(
+            "RenewFailuresSustained",
+            f.worker(m.RENEW_FAILURES),
+            1,
+            "lease renews keep failing: holders are about to fence",
+            periods=renew_periods,
+            datapoints=renew_datapoints,
+        ),
+        # ConnectionsFailed (connections in `failed`) belongs here once the worker
+        # publishes that metric: add its name to wsfleet.metric_names, an AlarmSpec
+        # here and its runbook row in README.md.
+        AlarmSpec(
+            "NoWorkerRunning",
+            f.container_insights("RunningTaskCount", statistic=cw.Stats.MINIMUM),
+            1,
+            "no worker task is running: no connection is served, no metric published",
+            periods=NO_WORKER_MINUTES,
+            datapoints=NO_WORKER_MINUTES,
+            comparison=cw.ComparisonOperator.LESS_THAN_THRESHOLD,
+            # Container Insights reports nothing for a service without tasks: no data
+            # is the very condition this alarm exists for. The warm-up keeps the "no
+            # data yet" of a fresh deploy from counting as that.
+            missing=cw.TreatMissingData.BREACHING,
+            warm_up=NO_WORKER_WARM_UP,
+        ),
+    ]
+
+
+def _service_alarms(f: MonitoredFleet) -> list[AlarmSpec]:
+    throttles = cw.MathExpression(
+        expression="FILL(tw, 0) + FILL(tr, 0) + FILL(iw, 0) + FILL(ir, 0)",
+        using_metrics={
+            "tw": f.dynamodb("WriteThrottleEvents"),
+            "tr": f.dynamodb("ReadThrottleEvents"),
+            "iw": f.dynamodb("WriteThrottleEvents", index=True),
+            "ir": f.dynamodb("ReadThrottleEvents", index=True),
+        },
+        label="throttle events (table + index)",
+        period=ONE_MINUTE,
+    )
+    datapoints, periods = ROUTER_ERROR_PERIODS
+    return [
+        AlarmSpec(
+            "DynamoDbThrottling",
+            throttles,
+            1,
+            "throttled renews fence connections; the state index throttles first",
+            periods=5,
+            datapoints=2,
+        ),
+        AlarmSpec(
+            "RouterErrors",
+            f.router.metric_errors(period=FIVE_MINUTES, statistic=cw.Stats.SUM),
+            1,
+            "the router function keeps failing: a bug, or DynamoDB or SQS failing",
+            periods=periods,
+            datapoints=datapoints,
+        ),
+        AlarmSpec(
+            "ApiServerErrors",
+            f.api_stage.metric_server_error(period=FIVE_MINUTES, statistic=cw.Stats.SUM),
+            1,
+            "the HTTP API keeps answering 5xx: router errors, throttles or timeouts",
+            periods=periods,
+            datapoints=datapoints,
+        ),
+    ]
