@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -22,12 +23,16 @@ def interrupt(process: subprocess.Popen[str]) -> tuple[str, str]:
         return process.communicate()
 
 
-def run_module(module: str, args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """``python -m module args`` to completion. On a hang, or when the test itself is
-    interrupted, the child is stopped first, so a broken run leaks no servers."""
+def run_module(
+    module: str, args: list[str], timeout: float, *, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` to completion (with ``env`` if given, else this
+    process's environment). On a hang, or when the test itself is interrupted, the
+    child is stopped first, so a broken run leaks no servers."""
     process = subprocess.Popen(
         [sys.executable, "-m", module, *args],
         cwd=REPO_ROOT,
+        env=None if env is None else dict(env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
