@@ -1,5 +1,6 @@
-"""Start and stop the local servers (DynamoDB Local, moto, the demo feed) as child
-processes, for the local-stack runner and for test fixtures.
+"""Start and stop the local servers (DynamoDB Local, moto, the demo feed, the router's
+HTTP adapter) as child processes, for the local-stack runner, the benchmarks and the
+test fixtures.
 
 Every server runs in its own session (``start_new_session=True``): a Ctrl-C in the
 terminal reaches only the runner, which stops the servers last, after the workers have
@@ -94,6 +95,14 @@ class ManagedProcess:
         """Whether the process is still running."""
         return self.process.poll() is None
 
+    def poll(self) -> int | None:
+        """The exit status (negative: killed by that signal), None while it runs."""
+        return self.process.poll()
+
+    def wait(self, timeout: float) -> int:
+        """The exit status once it has ended; raises TimeoutExpired after ``timeout`` s."""
+        return self.process.wait(timeout)
+
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM, wait up to ``timeout`` s, then SIGKILL and wait again.
 
@@ -103,12 +112,12 @@ class ManagedProcess:
         """
         if self.process.poll() is not None:
             return self.process.returncode
-        self._signal_group(signal.SIGTERM)
+        self.signal(signal.SIGTERM)
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             pass
-        self._signal_group(signal.SIGKILL)
+        self.signal(signal.SIGKILL)
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -124,11 +133,36 @@ class ManagedProcess:
         except OSError as exc:
             return f"(log unreadable: {exc})"
 
-    def _signal_group(self, sig: signal.Signals) -> None:
+    def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the child's process group, unless it has already ended."""
         # The child leads its own process group, so this also reaches anything it
-        # spawned. Called only while the child is unreaped, so its pid is not reused.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, sig)
+        # spawned. Only while the child is unreaped, so its pid cannot have been reused.
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, sig)
+
+
+def spawn(
+    argv: Sequence[str],
+    log_path: Path,
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in its own session (a terminal's Ctrl-C reaches only its
+    parent), with no stdin and stdout and stderr going to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    # The child gets its own copy of the descriptor; the parent's closes on leaving.
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=None if env is None else dict(env),
+            start_new_session=True,
+        )
 
 
 def _launch(
@@ -137,22 +171,10 @@ def _launch(
     log_dir: Path,
     *,
     cwd: Path | None = None,
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> ManagedProcess:
-    log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
-    # The child gets its own copy of the descriptor; the parent's closes on leaving.
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,
-        )
-    return ManagedProcess(name=name, process=process, log_path=log_path)
+    return ManagedProcess(name, spawn(argv, log_path, cwd=cwd, env=env), log_path)
 
 
 def _refuse_busy_port(port: int) -> None:
@@ -191,16 +213,17 @@ def _await_ready(
 
 def local_client(
     service: str,
-    port: int,
+    endpoint: int | str,
     *,
     config: Config | None = None,
     region: str = LOCAL_REGION,
     key: str = LOCAL_CREDENTIALS,
 ) -> Any:
-    """A boto3 client of a local server on ``127.0.0.1:port`` (any credentials do)."""
+    """A boto3 client of a local server: ``endpoint`` is its port on 127.0.0.1 or its
+    URL (any credentials do)."""
     return boto3.session.Session().client(
         service,  # type: ignore[call-overload]
-        endpoint_url=endpoint_url(port),
+        endpoint_url=endpoint_url(endpoint) if isinstance(endpoint, int) else endpoint,
         region_name=region,
         aws_access_key_id=key,
         aws_secret_access_key=key,

@@ -12,9 +12,10 @@ import pytest
 
 from local_stack.audit import duplicate_count, lost_seqs, stale_deliveries
 from tests.support.fleet import TIMING, Fleet, WorkerProcess, wait_until
+from tests.support.timing import scaled
 from wsfleet.metric_names import COUNTERS
 
-pytestmark = [pytest.mark.fleet, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.fleet, pytest.mark.timeout(scaled(240))]
 
 CRASH_BOUND = TIMING.crash_failover_bound()
 
@@ -53,16 +54,16 @@ def test_a_worker_that_takes_over_100_connections_keeps_running_and_exits_cleanl
     fleet.wait_handling(ids, 60, min_seq=1)
     survivor = fleet.start_worker("survivor", METRICS_INTERVAL_SECONDS="60")
     victim.signal(signal.SIGKILL)
-    victim.popen.wait(timeout=10)
+    victim.wait(timeout=10)
     killed_at = time.time()
 
     def taken_over() -> bool:
-        assert survivor.popen.poll() is None, survivor.log()[-3000:]
+        assert survivor.poll() is None, survivor.log()[-3000:]
         return fleet.handled_by_all(ids, survivor.worker_id, after=killed_at)
 
     wait_until(taken_over, 2 * CRASH_BOUND + 30, "the survivor to take over all 100")
     survivor.signal(signal.SIGTERM)
-    assert survivor.popen.wait(timeout=60) == 0, survivor.log()[-3000:]
+    assert survivor.wait(timeout=60) == 0, survivor.log()[-3000:]
     documents = emf_documents(survivor)
     assert documents
     for document in documents:
@@ -90,7 +91,7 @@ def test_sigterm_with_a_slow_handler_releases_with_the_final_checkpoint(fleet: F
         lambda: all(fleet.handled_seqs(cid) for cid in ids), 30, "a first slow call to return"
     )
     worker.signal(signal.SIGTERM)
-    assert worker.popen.wait(timeout=2 * TIMING.shutdown_budget) == 0
+    assert worker.wait(timeout=2 * TIMING.shutdown_budget) == 0
     for cid in ids:
         item = fleet.item(cid)
         assert item.lease_owner is None, cid
@@ -109,7 +110,7 @@ def test_stop_then_start_with_the_same_url_redelivers_nothing(fleet: Fleet, tmp_
     )
     fleet.start_connection("again")
     wait_until(lambda: fleet.highest_seq("again") >= 4, 15, "seq 4 to be in flight")
-    fleet.control.stop("again", int(time.time() * 1000))
+    fleet.stop_connection("again")
     wait_until(lambda: "renew refused" in worker.log(), 2 * TIMING.heartbeat + 2, "the stop")
     fleet.start_connection("again")
     gate.touch()

@@ -1,7 +1,7 @@
 """The start-after-stop race, end to end: two real workers (lease 2 s, heartbeat 0.5 s),
 the router over HTTP, DynamoDB Local, moto SQS and the demo feed.
 
-A connection is stopped and started again through the API right after its owner
+A connection is stopped and started again through the fleet's router right after its owner
 renewed, so the owner still holds the lease and has not seen the stop. The start
 bumps ``start_gen``; the owner's next renew fails on it, it closes and releases
 without writing its old checkpoint over the router's reset, and the connection runs
@@ -29,11 +29,11 @@ def start(api: str, connection_id: str, ws_url: str) -> Answer:
     return request(api, "POST", "/connections", {"connection_id": connection_id, "ws_url": ws_url})
 
 
-def running(fleet: Fleet, api: str, connection_id: str, ws_url: str) -> ConnectionItem:
+def running(fleet: Fleet, connection_id: str, ws_url: str) -> ConnectionItem:
     """Two workers, the connection started over HTTP and flowing; returns its item."""
     fleet.start_worker("w")
     fleet.start_worker("w")
-    assert start(api, connection_id, ws_url).status == 201
+    assert start(fleet.api.api_url, connection_id, ws_url).status == 201
     fleet.wait_handling([connection_id], 15, min_seq=5)
     item = fleet.item(connection_id)
     assert item.lease_owner is not None
@@ -41,7 +41,7 @@ def running(fleet: Fleet, api: str, connection_id: str, ws_url: str) -> Connecti
 
 
 def restart_right_after_a_renew(
-    fleet: Fleet, api: str, connection_id: str, ws_url: str
+    fleet: Fleet, connection_id: str, ws_url: str
 ) -> tuple[ConnectionItem, float]:
     """Stop, then start with ``ws_url``, just after the owner renewed: the owner has a
     whole heartbeat before it can notice. Returns the item as the owner left it and
@@ -54,6 +54,7 @@ def restart_right_after_a_renew(
         interval=0.01,
     )
     before = fleet.item(connection_id)
+    api = fleet.api.api_url
     began = time.monotonic()
     assert request(api, "DELETE", f"/connections/{connection_id}").status == 202
     restarted = start(api, connection_id, ws_url)
@@ -75,10 +76,10 @@ def first_delivery(records: list[Record], feed: str, after_epoch: int) -> Record
     return min(matching, key=lambda r: r.t) if matching else None
 
 
-def test_restart_with_a_new_url_runs_the_new_stream_from_its_start(fleet: Fleet, api: str) -> None:
-    running(fleet, api, "race", fleet.feed("stream-a"))
+def test_restart_with_a_new_url_runs_the_new_stream_from_its_start(fleet: Fleet) -> None:
+    running(fleet, "race", fleet.feed("stream-a"))
 
-    before, restarted_at = restart_right_after_a_renew(fleet, api, "race", fleet.feed("stream-b"))
+    before, restarted_at = restart_right_after_a_renew(fleet, "race", fleet.feed("stream-b"))
 
     first = wait_until(
         lambda: first_delivery(fleet.records(), "stream-b", before.lease_epoch),
@@ -112,10 +113,10 @@ def test_restart_with_a_new_url_runs_the_new_stream_from_its_start(fleet: Fleet,
     assert item.last_seq <= max(r.seq for r in fleet.records() if r.feed == "stream-b")
 
 
-def test_restart_with_the_same_url_continues_without_loss(fleet: Fleet, api: str) -> None:
-    running(fleet, api, "steady", fleet.feed("stream-s"))
+def test_restart_with_the_same_url_continues_without_loss(fleet: Fleet) -> None:
+    running(fleet, "steady", fleet.feed("stream-s"))
 
-    before, restarted_at = restart_right_after_a_renew(fleet, api, "steady", fleet.feed("stream-s"))
+    before, restarted_at = restart_right_after_a_renew(fleet, "steady", fleet.feed("stream-s"))
 
     first = wait_until(
         lambda: first_delivery(fleet.records(), "stream-s", before.lease_epoch),
