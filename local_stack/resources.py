@@ -23,6 +23,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from local_stack.clock import wait_until
+from local_stack.options import whole_number
 from local_stack.services import LOCAL_CREDENTIALS, LOCAL_REGION
 from wsfleet import schema
 
@@ -181,14 +182,8 @@ def _session() -> boto3.session.Session:
     return boto3.session.Session(region_name=region)
 
 
-def _positive(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {raw!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _positive_number(raw: str) -> int:
+    return whole_number(raw, minimum=1)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -204,13 +199,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--queue", required=True, help="start queue name (DLQ: <name>-dlq)")
     parser.add_argument(
         "--max-receive-count",
-        type=_positive,
+        type=_positive_number,
         default=DEFAULT_MAX_RECEIVE_COUNT,
         help="receives before a start message moves to the DLQ (default %(default)s)",
     )
     parser.add_argument(
         "--visibility-timeout",
-        type=_positive,
+        type=_positive_number,
         default=DEFAULT_VISIBILITY_TIMEOUT,
         help="seconds a received start message stays hidden (default %(default)s)",
     )

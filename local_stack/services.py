@@ -56,7 +56,8 @@ def free_port() -> int:
         return port
 
 
-def _accepts_tcp(host: str, port: int, timeout: float) -> bool:
+def accepts_tcp(port: int, host: str = LOOPBACK, timeout: float = 0.5) -> bool:
+    """Whether ``host:port`` accepts a TCP connection within ``timeout`` seconds."""
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return True
@@ -70,7 +71,7 @@ def wait_for_tcp(host: str, port: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         remaining = deadline - time.monotonic()
-        if _accepts_tcp(host, port, timeout=max(0.05, min(1.0, remaining))):
+        if accepts_tcp(port, host, timeout=max(0.05, min(1.0, remaining))):
             return
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -180,7 +181,7 @@ def _launch(
 def _refuse_busy_port(port: int) -> None:
     # A server that cannot bind exits, but a readiness probe would meanwhile be answered
     # by whatever already listens there and report success.
-    if _accepts_tcp(LOOPBACK, port, timeout=0.5):
+    if accepts_tcp(port):
         raise OSError(f"port {LOOPBACK}:{port} is already in use")
 
 
@@ -321,7 +322,7 @@ def start_moto_server(port: int, log_dir: Path, timeout: float = 30.0) -> Manage
     client = _sqs_client(port)
 
     def answers() -> bool:
-        if not _accepts_tcp(LOOPBACK, port, timeout=0.5):
+        if not accepts_tcp(port):
             return False
         try:
             client.list_queues()
@@ -366,7 +367,7 @@ def start_feed(
         # Unbuffered, so the log shows what happened even if the feed is killed.
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    _await_ready(managed, lambda: _accepts_tcp(LOOPBACK, port, timeout=0.5), timeout, "accept TCP")
+    _await_ready(managed, lambda: accepts_tcp(port), timeout, "accept TCP")
     return managed
 
 
@@ -388,5 +389,5 @@ def start_router(
         cwd=repo_root,
         env={**env, "PYTHONUNBUFFERED": "1"},
     )
-    _await_ready(managed, lambda: _accepts_tcp(LOOPBACK, port, timeout=0.5), timeout, "accept TCP")
+    _await_ready(managed, lambda: accepts_tcp(port), timeout, "accept TCP")
     return managed
