@@ -8,13 +8,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.support.timing import scaled
 from wsfleet import schema
 from wsfleet.desired_state import DesiredStateStore, StartOutcome, StopOutcome
 from wsfleet.lease_rules import AcquireRefusal, Lease, RenewRefusal
 from wsfleet.lease_store import LeaseStore, Renewed
 from wsfleet.timing import LeaseTiming
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(scaled(120))
 
 TIMING = LeaseTiming.from_lease(20)  # lease 20 000 ms, skew 1 000 ms
 T0 = 1_800_000_000_000
@@ -51,7 +52,7 @@ def test_sixteen_racing_acquirers_have_exactly_one_winner_every_round(store, con
                 assert store.release(holder, 0, now).released
 
             def race(i: int, now: int = now) -> object:
-                barrier.wait(timeout=30)
+                barrier.wait(timeout=scaled(30))
                 return store.acquire("race", f"racer-{i}", now)
 
             results = list(pool.map(race, range(racers)))

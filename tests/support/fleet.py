@@ -12,7 +12,7 @@ from local_stack.clock import now_ms, wait_until
 from local_stack.fleet import Deployment, feed_url
 from local_stack.process_env import Endpoints
 from local_stack.recording import handled_seqs
-from local_stack.workers import WorkerProcess, wait_ready
+from local_stack.workers import WORKER_READY_TIMEOUT_S, WorkerProcess, wait_ready
 from tests.support.timing import scaled
 from worker import config as worker_settings
 from wsfleet.item import ConnectionItem
@@ -46,7 +46,7 @@ class Fleet(Deployment):
         settings, and wait until it runs."""
         worker_id = f"{name}-{len(self.workers)}"
         worker = self.launch_worker(worker_id, self.worker_env(worker_id, settings))
-        wait_ready([worker], scaled(30))
+        wait_ready([worker], scaled(WORKER_READY_TIMEOUT_S))
         return worker
 
     def feed(self, name: str, **params: object) -> str:

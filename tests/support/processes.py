@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.timing import scaled
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -17,7 +19,7 @@ def interrupt(process: subprocess.Popen[str]) -> tuple[str, str]:
     """SIGINT (our runners then stop their children in order), SIGKILL after 30 s."""
     process.send_signal(signal.SIGINT)
     try:
-        return process.communicate(timeout=30)
+        return process.communicate(timeout=scaled(30))
     except subprocess.TimeoutExpired:
         process.kill()
         return process.communicate()

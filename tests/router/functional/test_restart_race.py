@@ -17,9 +17,10 @@ import pytest
 from local_stack.audit import Record, lost_seqs, stale_deliveries
 from tests.router.local_api import Answer, request
 from tests.support.fleet import TIMING, Fleet, wait_until
+from tests.support.timing import scaled
 from wsfleet.item import ConnectionItem
 
-pytestmark = [pytest.mark.fleet, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.fleet, pytest.mark.timeout(scaled(180))]
 
 STOP_BOUND = TIMING.heartbeat + 1.0
 RESTART_BOUND = 2 * STOP_BOUND + 1.0  # the owner notices, releases; someone re-acquires
@@ -34,7 +35,7 @@ def running(fleet: Fleet, connection_id: str, ws_url: str) -> ConnectionItem:
     fleet.start_worker("w")
     fleet.start_worker("w")
     assert start(fleet.api.api_url, connection_id, ws_url).status == 201
-    fleet.wait_handling([connection_id], 15, min_seq=5)
+    fleet.wait_handling([connection_id], scaled(15), min_seq=5)
     item = fleet.item(connection_id)
     assert item.lease_owner is not None
     return item
@@ -49,7 +50,7 @@ def restart_right_after_a_renew(
     seen = fleet.item(connection_id).lease_expires_at_ms
     wait_until(
         lambda: fleet.item(connection_id).lease_expires_at_ms != seen,
-        2 * TIMING.heartbeat + 1,
+        scaled(2 * TIMING.heartbeat + 1),
         "a renew",
         interval=0.01,
     )
@@ -83,13 +84,13 @@ def test_restart_with_a_new_url_runs_the_new_stream_from_its_start(fleet: Fleet)
 
     first = wait_until(
         lambda: first_delivery(fleet.records(), "stream-b", before.lease_epoch),
-        RESTART_BOUND,
+        scaled(RESTART_BOUND),
         "the new stream to be handled",
     )
     print(f"restart to first new-stream delivery: {first.t - restarted_at:.3f} s")
     wait_until(
         lambda: any(r.feed == "stream-b" and r.seq >= 10 for r in fleet.records()),
-        15,
+        scaled(15),
         "the new stream to flow",
     )
     records = fleet.records()
@@ -106,7 +107,7 @@ def test_restart_with_a_new_url_runs_the_new_stream_from_its_start(fleet: Fleet)
         item = fleet.item("race")
         return item if item.last_seq >= 5 else None
 
-    item = wait_until(checkpointed_on_b, 15, "a checkpoint on the new stream")
+    item = wait_until(checkpointed_on_b, scaled(15), "a checkpoint on the new stream")
     assert item.ws_url == fleet.feed("stream-b")
     assert (item.desired_state, item.start_gen) == ("STARTED", before.start_gen + 1)
     assert item.lease_epoch > before.lease_epoch
@@ -120,12 +121,12 @@ def test_restart_with_the_same_url_continues_without_loss(fleet: Fleet) -> None:
 
     first = wait_until(
         lambda: first_delivery(fleet.records(), "stream-s", before.lease_epoch),
-        RESTART_BOUND,
+        scaled(RESTART_BOUND),
         "handling under a newer epoch",
     )
     print(f"restart to first delivery under the new epoch: {first.t - restarted_at:.3f} s")
     target = fleet.highest_seq("steady") + 10
-    wait_until(lambda: fleet.highest_seq("steady") >= target, 15, "deliveries to continue")
+    wait_until(lambda: fleet.highest_seq("steady") >= target, scaled(15), "deliveries to continue")
     records = fleet.records()
     assert lost_seqs(records) == {}
     assert stale_deliveries(records) == []
