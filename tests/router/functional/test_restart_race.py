@@ -1,7 +1,7 @@
 """The start-after-stop race, end to end: two real workers (lease 2 s, heartbeat 0.5 s),
 the router over HTTP, DynamoDB Local, moto SQS and the demo feed.
 
-A connection is stopped and started again through the fleet's router right after its owner
+A connection is stopped and started again through the router's API right after its owner
 renewed, so the owner still holds the lease and has not seen the stop. The start
 bumps ``start_gen``; the owner's next renew fails on it, it closes and releases
 without writing its old checkpoint over the router's reset, and the connection runs
@@ -15,7 +15,6 @@ import time
 import pytest
 
 from local_stack.audit import Record, lost_seqs, stale_deliveries
-from tests.router.local_api import Answer, request
 from tests.support.fleet import TIMING, Fleet, wait_until
 from tests.support.timing import scaled
 from wsfleet.item import ConnectionItem
@@ -26,15 +25,11 @@ STOP_BOUND = TIMING.heartbeat + 1.0
 RESTART_BOUND = 2 * STOP_BOUND + 1.0  # the owner notices, releases; someone re-acquires
 
 
-def start(api: str, connection_id: str, ws_url: str) -> Answer:
-    return request(api, "POST", "/connections", {"connection_id": connection_id, "ws_url": ws_url})
-
-
 def running(fleet: Fleet, connection_id: str, ws_url: str) -> ConnectionItem:
     """Two workers, the connection started over HTTP and flowing; returns its item."""
     fleet.start_worker("w")
     fleet.start_worker("w")
-    assert start(fleet.api.api_url, connection_id, ws_url).status == 201
+    assert fleet.start_connection(connection_id, ws_url)["outcome"] == "created"
     fleet.wait_handling([connection_id], scaled(15), min_seq=5)
     item = fleet.item(connection_id)
     assert item.lease_owner is not None
@@ -55,20 +50,18 @@ def restart_right_after_a_renew(
         interval=0.01,
     )
     before = fleet.item(connection_id)
-    api = fleet.api.api_url
     began = time.monotonic()
-    assert request(api, "DELETE", f"/connections/{connection_id}").status == 202
-    restarted = start(api, connection_id, ws_url)
+    assert fleet.stop_connection(connection_id)["state"] == "STOPPED"
+    restarted = fleet.start_connection(connection_id, ws_url)
     restarted_at = time.time()
     took = time.monotonic() - began
-    assert restarted.status == 201, restarted
-    assert restarted.body["outcome"] == "restarted"
-    assert restarted.body["start_gen"] == before.start_gen + 1
-    assert restarted.body["ws_url"] == ws_url
+    assert restarted["outcome"] == "restarted", restarted
+    assert restarted["start_gen"] == before.start_gen + 1
+    assert restarted["ws_url"] == ws_url
     # The race really happened: the old owner still held the lease when it restarted.
     assert took < TIMING.heartbeat, f"stop + start took {took:.3f} s"
-    assert restarted.body["owner"] == before.lease_owner
-    assert restarted.body["epoch"] == before.lease_epoch
+    assert restarted["owner"] == before.lease_owner
+    assert restarted["epoch"] == before.lease_epoch
     return before, restarted_at
 
 
