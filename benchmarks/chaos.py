@@ -75,20 +75,16 @@ from benchmarks.chaos_plan import (
     plan_connections,
     plan_faults,
 )
+from benchmarks.profiles import ours
 from benchmarks.report import machine
-from benchmarks.stack import (
-    WORKER_START_TIMEOUT_S,
-    DeliveryTracker,
-    Deployment,
-    LocalStack,
-    WorkerProcess,
-    ours,
-    sigterm_as_interrupt,
-    wait_until,
-)
 from benchmarks.tcp_proxy import ProxyHandle, ProxyThread
 from local_stack.audit import Record, load_records
-from wsfleet.item import ConnectionItem
+from local_stack.clock import wait_until
+from local_stack.fleet import Deployment
+from local_stack.recording import DeliveryTracker
+from local_stack.server_group import LocalServers
+from local_stack.stop_requests import sigterm_as_interrupt
+from local_stack.workers import WORKER_READY_TIMEOUT_S, WorkerProcess, wait_ready
 
 WARMUP_S = 2.0
 FIRST_DELIVERY_TIMEOUT_S = 30.0
@@ -167,7 +163,7 @@ class ChaosRun:
         worker_id = f"w{next(self._ids)}"
         proxy = self.proxies.add(self.dynamodb_port)
         env = self.deployment.worker_env(
-            worker_id, ours(self.options.lease_seconds), dynamodb_endpoint=proxy.endpoint
+            worker_id, ours(self.options.lease_seconds).env, dynamodb_endpoint=proxy.endpoint
         )
         worker = ChaosWorker(self.deployment.launch_worker(worker_id, env), proxy)
         self.workers[worker_id] = worker
@@ -196,7 +192,7 @@ class ChaosRun:
         for worker in self.workers.values():
             if worker.exit_code is not None:
                 continue
-            code = worker.process.popen.poll()
+            code = worker.process.poll()
             if code is None:
                 continue
             worker.exit_code = code
@@ -345,14 +341,7 @@ class ChaosRun:
 
 def held_leases(deployment: Deployment) -> list[str]:
     """Ids whose lease still has an owner (a full scan; the table is small)."""
-    held = []
-    paginator = deployment.stack.ddb.get_paginator("scan")
-    for page in paginator.paginate(TableName=deployment.table, ConsistentRead=True):
-        for raw in page.get("Items", []):
-            item = ConnectionItem.from_dynamodb(raw)
-            if item.lease_owner is not None:
-                held.append(item.connection_id)
-    return sorted(held)
+    return sorted(i.connection_id for i in deployment.items() if i.lease_owner is not None)
 
 
 def endings(workers: list[WorkerProcess]) -> dict[str, int]:
@@ -382,9 +371,9 @@ def run(options: Options) -> int:
 
     log(f"work dir {work_dir}; {len(plan)} faults planned; machine {json.dumps(machine())}")
     status = EXIT_ERROR
-    with LocalStack(work_dir, feeds=1, feed_rate=options.rate) as stack:
+    with LocalServers(work_dir, feeds=1, feed_rate=options.rate) as stack:
         deployment = stack.deployment("chaos")
-        dynamodb_port = int(stack.dynamodb_endpoint.rsplit(":", 1)[1])
+        dynamodb_port = int(stack.endpoints.dynamodb.rsplit(":", 1)[1])
         with ProxyThread() as proxies:
             chaos = ChaosRun(options, deployment, proxies, dynamodb_port, rng, log)
             try:
@@ -401,15 +390,14 @@ def run(options: Options) -> int:
 def _drive(
     options: Options,
     chaos: ChaosRun,
-    stack: LocalStack,
+    stack: LocalServers,
     plan: list[PlannedFault],
     planned: list[PlannedConnection],
     log: Callable[[str], None],
 ) -> int:
     deployment = chaos.deployment
     first = [chaos.launch() for _ in range(options.workers)]
-    for worker in first:
-        worker.process.wait_started()
+    wait_ready([worker.process for worker in first])
     log(f"{len(first)} workers started")
     started_at: dict[str, float] = {}
     for connection in planned:
@@ -442,7 +430,7 @@ def _drive(
     except TimeoutError as error:
         log(str(error))  # the audit reports the stuck connections
     measured_until = time.time()
-    wait_until(chaos.all_started, WORKER_START_TIMEOUT_S, "every replacement worker to start")
+    wait_until(chaos.all_started, WORKER_READY_TIMEOUT_S, "every replacement worker to start")
     log("stopping every worker (SIGTERM)")
     chaos.stop_all()
     result = audit(

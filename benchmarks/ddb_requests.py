@@ -47,8 +47,10 @@ from typing import Any
 from benchmarks.cost_model import Fleet as ModelFleet
 from benchmarks.cost_model import load_of
 from benchmarks.report import emit, machine, table
-from benchmarks.stack import Deployment, LocalStack, sigterm_as_interrupt
-from local_stack.services import LOCAL_CREDENTIALS, LOCAL_REGION
+from local_stack.fleet import Deployment
+from local_stack.process_env import use_local_aws
+from local_stack.server_group import LocalServers
+from local_stack.stop_requests import sigterm_as_interrupt
 from worker.aws_clients import make_clients
 from worker.config import WorkerConfig
 from worker.delivery import Delivery
@@ -234,24 +236,8 @@ def build(
     return InProcessWorker(name, config, Worker(config, deps), counter, handler, deployment)
 
 
-def use_local_endpoints(stack: LocalStack) -> None:
-    """boto3 reads endpoints and credentials from the environment (as in a deployment)."""
-    os.environ.update(
-        {
-            "AWS_ENDPOINT_URL_DYNAMODB": stack.dynamodb_endpoint,
-            "AWS_ENDPOINT_URL_SQS": stack.sqs_endpoint,
-            "AWS_ENDPOINT_URL_CLOUDWATCH": stack.sqs_endpoint,
-            "AWS_ACCESS_KEY_ID": LOCAL_CREDENTIALS,
-            "AWS_SECRET_ACCESS_KEY": LOCAL_CREDENTIALS,
-            "AWS_DEFAULT_REGION": LOCAL_REGION,
-        }
-    )
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):
-        os.environ.pop(name, None)
-
-
 async def drive(
-    workers: list[InProcessWorker], stack: LocalStack, connections: int, window: float
+    workers: list[InProcessWorker], stack: LocalServers, connections: int, window: float
 ) -> dict[str, tuple[Counts, Counts, float, int]]:
     """Run the workers; per worker: counts over the steady window, counts of the whole
     run, the window's length, messages handled in the window."""
@@ -360,8 +346,10 @@ def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
             "REASSIGN_ON_RELEASE": "false",
         },
     }
-    with LocalStack(work_dir, feeds=1, feed_rate=1.0) as stack:
-        use_local_endpoints(stack)
+    with LocalServers(work_dir, feeds=1, feed_rate=1.0) as stack:
+        # The workers run in this process: boto3 reads endpoints and credentials from
+        # its environment, as in a deployment.
+        use_local_aws(os.environ, stack.endpoints)
         workers = [
             build(name, env, stack.deployment(name), work_dir) for name, env in profiles.items()
         ]

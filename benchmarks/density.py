@@ -27,16 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.procfs import CpuSample, SystemCpuSample, rss_bytes
+from benchmarks.profiles import ours
 from benchmarks.report import emit, machine, table
-from benchmarks.stack import (
-    Deployment,
-    LocalStack,
-    WorkerProcess,
-    ours,
-    parse_log_time,
-    sigterm_as_interrupt,
-    wait_until,
-)
+from local_stack.clock import wait_until
+from local_stack.fleet import Deployment
+from local_stack.server_group import LocalServers
+from local_stack.stop_requests import sigterm_as_interrupt
+from local_stack.workers import WorkerProcess, parse_log_time
+from worker import config as worker_settings
 
 LEASE_SECONDS = 20.0
 STATS_INTERVAL_S = 5
@@ -44,7 +42,7 @@ SETTLE_S = 5.0
 
 
 def add_connections(
-    stack: LocalStack, deployment: Deployment, first: int, last: int, per_second: float
+    stack: LocalServers, deployment: Deployment, first: int, last: int, per_second: float
 ) -> None:
     """Start connections ``first`` .. ``last - 1`` at ``per_second``, alternating feeds."""
     began = time.monotonic()
@@ -102,17 +100,17 @@ def measure_level(worker: WorkerProcess, level: int, hold: float, base_rss: int)
 
 def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     levels = sorted(args.levels)
-    with LocalStack(work_dir, feeds=args.feeds, feed_rate=1.0) as stack:
+    with LocalServers(work_dir, feeds=args.feeds, feed_rate=1.0) as stack:
         deployment = stack.deployment("density")
         [worker] = deployment.start_workers(
             ["dense"],
-            ours(LEASE_SECONDS),
-            handler=args.handler,
-            extra={
-                "MAX_CONNECTIONS": str(levels[-1] + 100),
-                "METRICS_INTERVAL_SECONDS": str(STATS_INTERVAL_S),
+            {
+                **ours(LEASE_SECONDS).env,
+                worker_settings.HANDLER: args.handler,
+                worker_settings.MAX_CONNECTIONS: str(levels[-1] + 100),
+                worker_settings.METRICS_INTERVAL_SECONDS: str(STATS_INTERVAL_S),
                 # Only the shutdown differs: no flood of reassign messages at the end.
-                "REASSIGN_ON_RELEASE": "false",
+                worker_settings.REASSIGN_ON_RELEASE: "false",
             },
         )
         time.sleep(SETTLE_S)

@@ -15,7 +15,7 @@ repetition, for each scenario and each fleet in turn:
   slowest of its connections (every one handled elsewhere);
 - start a replacement and wait until every connection flows again.
 
-Reported: p50 and max over repetitions, per scenario and fleet, the bound DESIGN
+Reported: p50 and max over repetitions, per scenario and fleet, the bound docs/DESIGN.md §3.9
 promises for those timings, and the ratio seed / ours. Nothing is asserted.
 """
 
@@ -31,17 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.profiles import Profile, ours, seed
 from benchmarks.report import emit, machine, percentile, summary, table
-from benchmarks.stack import (
-    DeliveryTracker,
-    Deployment,
-    LocalStack,
-    Profile,
-    ours,
-    seed,
-    sigterm_as_interrupt,
-    wait_until,
-)
+from local_stack.clock import wait_until
+from local_stack.fleet import Deployment
+from local_stack.recording import DeliveryTracker
+from local_stack.server_group import LocalServers
+from local_stack.stop_requests import sigterm_as_interrupt
 from wsfleet.timing import LeaseTiming
 
 SCENARIOS = {"crash": signal.SIGKILL, "handoff": signal.SIGTERM}
@@ -62,7 +58,7 @@ class Fleet:
     results: dict[str, list[float]] = field(default_factory=dict)
 
     def bound(self, scenario: str) -> float:
-        """What DESIGN promises for this scenario under these timings."""
+        """What docs/DESIGN.md §3.9 promises for this scenario under these timings."""
         if scenario == "crash":
             return self.timing.crash_failover_bound()
         if self.profile.env.get("REASSIGN_ON_RELEASE") == "false":
@@ -72,7 +68,7 @@ class Fleet:
 
     def start_workers(self, count: int) -> None:
         names = [f"{self.profile.name}-w{next(self.ids)}" for _ in range(count)]
-        self.deployment.start_workers(names, self.profile)
+        self.deployment.start_workers(names, self.profile.env)
 
     def settle(self, workers: int) -> None:
         """Bring the fleet back to ``workers`` and wait until every connection flows."""
@@ -111,14 +107,14 @@ def measure(fleet: Fleet, scenario: str) -> tuple[float, int]:
 
     timeout = 3 * fleet.bound(scenario) + 10
     wait_until(all_elsewhere, timeout, f"{fleet.profile.name} {scenario} takeover", 0.01)
-    victim.popen.wait(30)
+    victim.wait(30)
     return max(first_elsewhere.values()) - signalled, len(theirs)
 
 
 def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     lease = args.lease_seconds
     profiles = [ours(lease), seed(lease)]
-    with LocalStack(work_dir, feeds=1, feed_rate=args.rate) as stack:
+    with LocalServers(work_dir, feeds=1, feed_rate=args.rate) as stack:
         fleets: list[Fleet] = []
         for profile in profiles:
             deployment = stack.deployment(profile.name)

@@ -3,116 +3,63 @@
 ``python -m benchmarks.start_latency [--starts 200] [--workers 2]``
 
 The router's Lambda handler is served over HTTP by the local adapter
-(:func:`local_stack.api_server.serve_router`), exactly as ``run-local.sh`` serves it.
-Workers run with the project's defaults (lease 20 s, SQS long poll 10 s). For each
-start, one after the other: ``POST /connections`` with a new id and a feed URL, then
-wait for the recording handler's first record of that connection. Reported: the API
-call's own round trip and the whole start latency (call sent -> handler entered), p50
-and p99. The feed sends a connection's first message as soon as it is opened.
+(``python -m local_stack.api_server``, its own process), exactly as ``run-local.sh``
+serves it, and called with :class:`fleetctl.client.FleetClient`. Workers run with the
+project's defaults (lease 20 s, SQS long poll 10 s). For each start, one after the
+other: ``POST /connections`` with a new id and a feed URL, then wait for the recording
+handler's first record of that connection. Reported: the API call's own round trip and
+the whole start latency (call sent -> handler entered), p50 and p99. The feed sends a
+connection's first message as soon as it is opened.
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.profiles import ours
 from benchmarks.report import emit, machine, summary, table
-from benchmarks.stack import (
-    DeliveryTracker,
-    Deployment,
-    LocalStack,
-    ours,
-    sigterm_as_interrupt,
-    wait_until,
-)
-from local_stack.services import LOCAL_CREDENTIALS, LOCAL_REGION, LOOPBACK
+from local_stack.clock import wait_until
+from local_stack.recording import DeliveryTracker
+from local_stack.server_group import LocalServers
+from local_stack.stop_requests import sigterm_as_interrupt
+from worker import config as worker_settings
 
 FIRST_DELIVERY_TIMEOUT_S = 30.0
 LEASE_SECONDS = 20.0
 
 
-def configure_router(stack: LocalStack, deployment: Deployment) -> None:
-    """The router reads its settings and AWS endpoints from the environment on first
-    use: set them in this process before the first request."""
-    os.environ.update(
-        {
-            "TABLE_NAME": deployment.table,
-            "QUEUE_URL": deployment.queue_url,
-            "ALLOWED_UPSTREAM_HOSTS": "127.0.0.1,localhost",
-            "ALLOW_INSECURE_WS": "true",
-            "AWS_ENDPOINT_URL_DYNAMODB": stack.dynamodb_endpoint,
-            "AWS_ENDPOINT_URL_SQS": stack.sqs_endpoint,
-            "AWS_ACCESS_KEY_ID": LOCAL_CREDENTIALS,
-            "AWS_SECRET_ACCESS_KEY": LOCAL_CREDENTIALS,
-            "AWS_DEFAULT_REGION": LOCAL_REGION,
-            # The router logs every start at INFO on stdout; keep the output readable.
-            "POWERTOOLS_LOG_LEVEL": "WARNING",
-        }
-    )
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):
-        os.environ.pop(name, None)
-
-
-def post_start(port: int, connection_id: str, ws_url: str) -> int:
-    """``POST /connections`` on a fresh HTTP connection; returns the status."""
-    body = json.dumps({"connection_id": connection_id, "ws_url": ws_url})
-    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=15)
-    try:
-        conn.request("POST", "/connections", body, {"Content-Type": "application/json"})
-        response = conn.getresponse()
-        response.read()
-        return response.status
-    finally:
-        conn.close()
-
-
 def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
-    with LocalStack(work_dir, feeds=1, feed_rate=1.0) as stack:
+    with LocalServers(work_dir, feeds=1, feed_rate=1.0) as stack:
         deployment = stack.deployment("latency")
         deployment.start_workers(
             [f"w{i}" for i in range(1, args.workers + 1)],
-            ours(LEASE_SECONDS),
-            extra={"SQS_WAIT_SECONDS": "10"},
+            {**ours(LEASE_SECONDS).env, worker_settings.SQS_WAIT_SECONDS: "10"},
         )
-        configure_router(stack, deployment)
-        from local_stack.api_server import serve_router
+        tracker = DeliveryTracker(deployment.record_dir)
+        api: list[float] = []
+        total: list[float] = []
+        # One unmeasured start warms the router (imports, clients) and the workers.
+        for i in range(-1, args.starts):
+            cid = f"start-{i + 1}" if i >= 0 else "warm-up"
+            url = stack.feed_url(cid, {"rate": 1})
+            sent = time.time()
+            deployment.start_connection(cid, url)
+            answered = time.time()
 
-        server, thread = serve_router(LOOPBACK, 0)
-        try:
-            port = server.server_port
-            tracker = DeliveryTracker(deployment.record_dir)
-            api: list[float] = []
-            total: list[float] = []
-            # One unmeasured start warms the router (imports, clients) and the workers.
-            for i in range(-1, args.starts):
-                cid = f"start-{i + 1}" if i >= 0 else "warm-up"
-                url = stack.feed_url(cid, {"rate": 1})
-                sent = time.time()
-                status = post_start(port, cid, url)
-                answered = time.time()
-                if status != 201:
-                    raise RuntimeError(f"POST /connections for {cid} answered {status}")
+            def first_delivery(cid: str = cid) -> float | None:
+                tracker.poll()
+                record = tracker.latest.get(cid)
+                return record.t if record else None
 
-                def first_delivery(cid: str = cid) -> float | None:
-                    tracker.poll()
-                    record = tracker.latest.get(cid)
-                    return record.t if record else None
-
-                handled = wait_until(first_delivery, FIRST_DELIVERY_TIMEOUT_S, cid, 0.005)
-                if i >= 0:
-                    api.append(answered - sent)
-                    total.append(handled - sent)
-        finally:
-            server.shutdown()
-            server.server_close()
-            thread.join(10)
+            handled = wait_until(first_delivery, FIRST_DELIVERY_TIMEOUT_S, cid, 0.005)
+            if i >= 0:
+                api.append(answered - sent)
+                total.append(handled - sent)
     return {
         "benchmark": "start_latency",
         "starts": args.starts,

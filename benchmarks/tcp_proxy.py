@@ -90,10 +90,6 @@ class TcpProxy:
     def mode(self) -> Mode:
         return self._mode
 
-    @property
-    def delay_seconds(self) -> float:
-        return self._delay
-
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, *self._listen)
 

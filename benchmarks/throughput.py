@@ -31,22 +31,22 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.procfs import CpuSample, SystemCpuSample
+from benchmarks.profiles import ours
 from benchmarks.report import emit, machine, table
-from benchmarks.stack import (
-    REPO_ROOT,
-    LocalStack,
-    WorkerProcess,
-    ours,
-    parse_log_time,
-    sigterm_as_interrupt,
-    wait_until,
-)
+from local_stack.clock import wait_until
+from local_stack.server_group import LocalServers
+from local_stack.services import REPO_ROOT
+from local_stack.stop_requests import sigterm_as_interrupt
+from local_stack.workers import WorkerProcess, parse_log_time
+from worker import config as worker_settings
 
 LEASE_SECONDS = 20.0
 STATS_INTERVAL_S = 1
 
 
-def bare_round(stack: LocalStack, urls: list[str], warmup: float, window: float) -> dict[str, Any]:
+def bare_round(
+    stack: LocalServers, urls: list[str], warmup: float, window: float
+) -> dict[str, Any]:
     """Run the bare client over ``urls``; its rate and CPU, and the feed's CPU."""
     feed_pids = [feed.process.pid for feed in stack.feed_processes]
     process = subprocess.Popen(
@@ -122,15 +122,17 @@ def stats_between(worker: WorkerProcess, start: float, end: float) -> tuple[int,
 
 
 def worker_round(
-    stack: LocalStack, round_no: int, connections: int, warmup: float, window: float
+    stack: LocalServers, round_no: int, connections: int, warmup: float, window: float
 ) -> dict[str, Any]:
     """One worker owning ``connections`` rate=0 connections; its rate and CPU."""
     deployment = stack.deployment(f"throughput{round_no}")
     [worker] = deployment.start_workers(
         [f"tp{round_no}"],
-        ours(LEASE_SECONDS),
-        handler="benchmarks.handlers:noop_factory",
-        extra={"METRICS_INTERVAL_SECONDS": str(STATS_INTERVAL_S)},
+        {
+            **ours(LEASE_SECONDS).env,
+            worker_settings.HANDLER: "benchmarks.handlers:noop_factory",
+            worker_settings.METRICS_INTERVAL_SECONDS: str(STATS_INTERVAL_S),
+        },
     )
     feed_pids = [feed.process.pid for feed in stack.feed_processes]
     ids = [f"worker{round_no}-{i}" for i in range(connections)]
@@ -167,7 +169,7 @@ def worker_round(
 
 def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     rounds: list[dict[str, Any]] = []
-    with LocalStack(work_dir, feeds=args.feeds, feed_rate=0.0) as stack:
+    with LocalServers(work_dir, feeds=args.feeds, feed_rate=0.0) as stack:
         for round_no in range(1, args.rounds + 1):
             urls = [
                 stack.feed_url(f"bare{round_no}-{i}", {"rate": 0}, index=i)

@@ -25,7 +25,6 @@ import math
 import re
 import signal
 import socket
-import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +33,8 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
+
+from local_stack.clock import now_ms
 
 # Named explicitly: under `python -m` the module is `__main__`.
 logger = logging.getLogger("local_stack.feed")
@@ -182,10 +183,6 @@ def _close_reason(text: str) -> str:
     return text.encode()[:_MAX_REASON_BYTES].decode(errors="ignore")
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 async def _closed_within(ws: ServerConnection, seconds: float) -> bool:
     """Wait up to ``seconds``; True as soon as the connection is closed.
 
@@ -273,7 +270,7 @@ async def _stream(ws: ServerConnection, request: FeedRequest) -> None:
             # send() does not yield while the write buffer has room; without this, one
             # fast client would starve every other connection and the shutdown.
             await asyncio.sleep(0)
-        await ws.send(message(request.feed, seq, _now_ms()))
+        await ws.send(message(request.feed, seq, now_ms()))
         sent += 1
         seq += 1
 

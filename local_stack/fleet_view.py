@@ -116,17 +116,3 @@ def summary(
 
     ``rates`` are the ones to show, as for :func:`render_lines`."""
     return f"workers {workers_alive(workers)} | {render.summary_line(views, rates)}"
-
-
-def summary_line(
-    items: Iterable[ConnectionItem],
-    previous: None,
-    elapsed_s: float,
-    now_ms: int,
-    workers: Sequence[WorkerStatus] = (),
-) -> str:
-    """:func:`summary` of table items, without rates: the report after shutdown, when
-    rates mean nothing. ``previous`` and ``elapsed_s`` remain from the former rate rule
-    for that caller and are ignored; rates come from :mod:`fleetctl.rates`."""
-    del previous, elapsed_s
-    return summary(views_of(items, now_ms), {}, workers)

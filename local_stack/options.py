@@ -62,13 +62,14 @@ class Options:
         return self.state_dir / "logs"
 
 
-def _count(raw: str) -> int:
+def whole_number(raw: str, *, minimum: int = 0) -> int:
+    """An argparse type: a whole number of at least ``minimum``."""
     try:
         value = int(raw)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {raw!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
     return value
 
 
@@ -126,11 +127,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         ),
     )
     parser.add_argument(
-        "--workers", type=_count, default=DEFAULT_WORKERS, help="worker processes (default 3)"
+        "--workers", type=whole_number, default=DEFAULT_WORKERS, help="worker processes (default 3)"
     )
     parser.add_argument(
         "--connections",
-        type=_count,
+        type=whole_number,
         default=DEFAULT_CONNECTIONS,
         help="demo connections demo-1..demo-N (default 6)",
     )

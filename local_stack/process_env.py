@@ -1,34 +1,54 @@
-"""The environment of the processes the local stack starts: workers and the router
-get the local endpoints, credentials, table and queue, and nothing of the caller's
-AWS settings that would point them elsewhere."""
+"""The environment of the processes the local stack starts: workers and the router get
+the local endpoints they use, placeholder credentials, their table and queue, and
+nothing of the caller's AWS settings that would point them elsewhere.
+
+One builder for the runner, the benchmarks and the tests, so they cannot drift apart.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from lambdas.router import settings as router_settings
 from local_stack import services
-from local_stack.options import Ports
 from local_stack.services import LOCAL_CREDENTIALS, LOCAL_REGION, LOOPBACK
+from worker import config as worker_settings
 
 TABLE_NAME: Final = "connections"
 QUEUE_NAME: Final = "websocket-fleet-starts"
-#: Worker settings the runner always sets: metrics every 10 s keep the logs readable,
-#: and a short SQS long poll makes a worker's shutdown quick.
-METRICS_INTERVAL_S: Final = 10
-SQS_WAIT_S: Final = 2
-#: Environment the workers must not inherit: a profile the runner never configured
-#: would make boto3 fail or pick other credentials, and a global endpoint override
-#: would compete with the per-service ones set below.
-_DROPPED_ENV: Final = (
+#: The caller's AWS settings a local process must not inherit: a profile nobody
+#: configured for the local servers makes boto3 fail or pick other credentials, a
+#: session token does not belong to the placeholder keys, and a global endpoint
+#: override (or one for another service) would compete with the per-service ones set
+#: here. Every ``AWS_ENDPOINT_URL_<SERVICE>`` is dropped as well (see
+#: :func:`is_foreign_aws_setting`).
+NOT_INHERITED: Final = (
     "AWS_PROFILE",
     "AWS_DEFAULT_PROFILE",
     "AWS_SESSION_TOKEN",
     "AWS_SECURITY_TOKEN",
     "AWS_ENDPOINT_URL",
 )
+_ENDPOINT_PREFIX: Final = "AWS_ENDPOINT_URL_"
+#: Hosts the local router accepts upstream URLs for (docs/DESIGN.md §7): the loopback feed.
+LOCAL_UPSTREAM_HOSTS: Final = f"{LOOPBACK},localhost"
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoints:
+    """Where the local AWS-compatible servers answer: DynamoDB Local, and moto for SQS
+    (and CloudWatch, which no local process calls: metrics go out as EMF log lines)."""
+
+    dynamodb: str
+    sqs: str
+
+    @classmethod
+    def on_ports(cls, dynamodb_port: int, moto_port: int) -> Endpoints:
+        return cls(services.endpoint_url(dynamodb_port), services.endpoint_url(moto_port))
 
 
 def format_number(value: float) -> str:
@@ -41,66 +61,106 @@ def demo_url(feed_port: int, index: int, rate: float) -> str:
     return f"ws://{LOOPBACK}:{feed_port}/demo-{index}?rate={format_number(rate)}"
 
 
-def local_aws_env(base: Mapping[str, str], *, ports: Ports, queue_url: str) -> dict[str, str]:
-    """``base`` (the runner's own environment) minus settings that would point boto3
-    elsewhere, plus the local endpoints, credentials, table and queue."""
-    env = {name: value for name, value in base.items() if name not in _DROPPED_ENV}
+def is_foreign_aws_setting(name: str) -> bool:
+    """Whether ``name`` is one of the caller's AWS settings no local process inherits."""
+    return name in NOT_INHERITED or name.startswith(_ENDPOINT_PREFIX)
+
+
+def local_aws_settings(endpoints: Endpoints) -> dict[str, str]:
+    """Placeholder credentials, a region, and the DynamoDB and SQS endpoints (the only
+    services the worker and the router call). boto3 reads these variables itself; no
+    component passes ``endpoint_url`` (docs/DESIGN.md §4.9)."""
+    return {
+        "AWS_ACCESS_KEY_ID": LOCAL_CREDENTIALS,
+        "AWS_SECRET_ACCESS_KEY": LOCAL_CREDENTIALS,
+        "AWS_DEFAULT_REGION": LOCAL_REGION,
+        "AWS_REGION": LOCAL_REGION,
+        "AWS_ENDPOINT_URL_DYNAMODB": endpoints.dynamodb,
+        "AWS_ENDPOINT_URL_SQS": endpoints.sqs,
+    }
+
+
+def use_local_aws(environ: MutableMapping[str, str], endpoints: Endpoints) -> None:
+    """Point ``environ`` (``os.environ``, for clients made in this very process) at the
+    local servers: the same settings a child process gets."""
+    for name in [name for name in environ if is_foreign_aws_setting(name)]:
+        del environ[name]
+    environ.update(local_aws_settings(endpoints))
+
+
+def _local_env(
+    base: Mapping[str, str], endpoints: Endpoints, table: str, queue_url: str
+) -> dict[str, str]:
+    """``base`` (the caller's environment) minus foreign AWS settings, plus the local
+    endpoints, credentials, table and queue, and the repository on the import path."""
+    env = {name: value for name, value in base.items() if not is_foreign_aws_setting(name)}
     python_path = [str(services.REPO_ROOT), *filter(None, [base.get("PYTHONPATH")])]
+    env.update(local_aws_settings(endpoints))
     env.update(
         {
-            "AWS_ACCESS_KEY_ID": LOCAL_CREDENTIALS,
-            "AWS_SECRET_ACCESS_KEY": LOCAL_CREDENTIALS,
-            "AWS_DEFAULT_REGION": LOCAL_REGION,
-            "AWS_REGION": LOCAL_REGION,
-            # boto3 reads these itself; no component passes endpoint_url (DESIGN 4).
-            "AWS_ENDPOINT_URL_DYNAMODB": services.endpoint_url(ports.dynamodb),
-            "AWS_ENDPOINT_URL_SQS": services.endpoint_url(ports.moto),
-            "AWS_ENDPOINT_URL_CLOUDWATCH": services.endpoint_url(ports.moto),
-            "TABLE_NAME": TABLE_NAME,
-            "QUEUE_URL": queue_url,
+            worker_settings.TABLE_NAME: table,
+            worker_settings.QUEUE_URL: queue_url,
             "PYTHONPATH": os.pathsep.join(python_path),
+            # Log lines reach the file as they happen, for `tail -f` and the harness.
+            "PYTHONUNBUFFERED": "1",
         }
     )
     return env
 
 
-def router_env(base: Mapping[str, str], *, ports: Ports, queue_url: str) -> dict[str, str]:
-    """The router's settings for local use (DESIGN 7): ``ws://`` admitted, upstreams
-    limited to the loopback feed."""
-    env = local_aws_env(base, ports=ports, queue_url=queue_url)
-    env.update(
-        {
-            "ALLOWED_UPSTREAM_HOSTS": f"{LOOPBACK},localhost",
-            "ALLOW_INSECURE_WS": "true",
-            "POWERTOOLS_SERVICE_NAME": "websocket-fleet-router",
-        }
-    )
+def local_router_settings(
+    *, table: str, queue_url: str, allowed_hosts: str = LOCAL_UPSTREAM_HOSTS
+) -> dict[str, str]:
+    """The router's own settings for local use (docs/DESIGN.md §7): ``ws://`` admitted,
+    upstreams limited to ``allowed_hosts``."""
+    return {
+        router_settings.TABLE_NAME: table,
+        router_settings.QUEUE_URL: queue_url,
+        router_settings.ALLOWED_UPSTREAM_HOSTS: allowed_hosts,
+        router_settings.ALLOW_INSECURE_WS: "true",
+    }
+
+
+def router_env(
+    base: Mapping[str, str],
+    *,
+    endpoints: Endpoints,
+    table: str,
+    queue_url: str,
+    allowed_hosts: str = LOCAL_UPSTREAM_HOSTS,
+) -> dict[str, str]:
+    """The environment of ``python -m local_stack.api_server``: the local AWS settings
+    and :func:`local_router_settings`."""
+    env = _local_env(base, endpoints, table, queue_url)
+    env.update(local_router_settings(table=table, queue_url=queue_url, allowed_hosts=allowed_hosts))
+    env["POWERTOOLS_SERVICE_NAME"] = "websocket-fleet-router"
     return env
 
 
 def worker_env(
     base: Mapping[str, str],
     *,
-    worker_id: str,
-    ports: Ports,
+    endpoints: Endpoints,
+    table: str,
     queue_url: str,
+    worker_id: str,
     health_file: Path,
-    lease_seconds: float | None,
+    settings: Mapping[str, str | None] | None = None,
 ) -> dict[str, str]:
-    """The environment of one worker: the local AWS settings plus its own."""
-    env = local_aws_env(base, ports=ports, queue_url=queue_url)
+    """The environment of one worker: the local AWS settings, its id and health file,
+    then ``settings`` (worker variables of docs/DESIGN.md §4.9 and handler options); a None value
+    removes the variable, so the worker's own default applies even if the caller's
+    environment sets it."""
+    env = _local_env(base, endpoints, table, queue_url)
     env.update(
         {
-            "WORKER_ID": worker_id,
-            "HEALTH_FILE": str(health_file),
-            "METRICS_INTERVAL_SECONDS": str(METRICS_INTERVAL_S),
-            "SQS_WAIT_SECONDS": str(SQS_WAIT_S),
-            # Log lines reach the file as they happen, for `tail -f`.
-            "PYTHONUNBUFFERED": "1",
+            worker_settings.WORKER_ID: worker_id,
+            worker_settings.HEALTH_FILE: str(health_file),
         }
     )
-    if lease_seconds is not None:
-        env["LEASE_SECONDS"] = repr(lease_seconds)
-    else:
-        env.pop("LEASE_SECONDS", None)
+    for name, value in (settings or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     return env

@@ -1,57 +1,129 @@
 """Create the connection table and the start queue (with its DLQ) on local servers,
-with the same key, index and redrive settings as the CDK stack."""
+with the same key, index and redrive settings as the CDK stack.
+
+``python -m local_stack.resources --table NAME --queue NAME`` does it at the endpoints
+in ``AWS_ENDPOINT_URL_DYNAMODB`` and ``AWS_ENDPOINT_URL_SQS`` (boto3 reads them itself)
+and prints one JSON line: ``{"table": ..., "queue_url": ..., "dlq_url": ...}``.
+Running it again changes nothing and prints the same line. Exit status 0 on success,
+1 when a server cannot be reached or refuses, 2 for bad options.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
-import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Final
 
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from local_stack.clock import wait_until
+from local_stack.options import whole_number
+from local_stack.services import LOCAL_CREDENTIALS, LOCAL_REGION
 from wsfleet import schema
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_sqs import SQSClient
 
-DEFAULT_MAX_RECEIVE_COUNT = 5
-DEFAULT_VISIBILITY_TIMEOUT = 30
+DEFAULT_MAX_RECEIVE_COUNT: Final = 5
+DEFAULT_VISIBILITY_TIMEOUT: Final = 30
+TABLE_ACTIVE_TIMEOUT_S: Final = 30.0
+_ENDPOINT_VARIABLES: Final = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_DYNAMODB",
+    "AWS_ENDPOINT_URL_SQS",
+)
+# An unreachable server must fail the command in seconds, not after minutes of retries.
+_CLIENT_CONFIG: Final = Config(
+    connect_timeout=2, read_timeout=10, retries={"mode": "standard", "total_max_attempts": 2}
+)
+_QUEUE_EXISTS: Final = ("QueueAlreadyExists", "QueueNameExists")
 
 
-def create_connection_table(client: DynamoDBClient, table_name: str) -> None:
-    """The table of DESIGN section 2: key ``Pk`` and the keys-only GSI
-    ``by-desired-state`` (``desired_state``, ``lease_expires_at_ms``)."""
-    client.create_table(
-        TableName=table_name,
-        BillingMode="PAY_PER_REQUEST",
-        AttributeDefinitions=[
-            {"AttributeName": schema.PARTITION_KEY, "AttributeType": "S"},
-            {"AttributeName": schema.STATE_INDEX_PARTITION_KEY, "AttributeType": "S"},
-            {"AttributeName": schema.STATE_INDEX_SORT_KEY, "AttributeType": "N"},
-        ],
-        KeySchema=[{"AttributeName": schema.PARTITION_KEY, "KeyType": "HASH"}],
-        GlobalSecondaryIndexes=[
-            {
-                "IndexName": schema.STATE_INDEX_NAME,
-                "KeySchema": [
-                    {"AttributeName": schema.STATE_INDEX_PARTITION_KEY, "KeyType": "HASH"},
-                    {"AttributeName": schema.STATE_INDEX_SORT_KEY, "KeyType": "RANGE"},
-                ],
-                "Projection": {"ProjectionType": "KEYS_ONLY"},
-            }
-        ],
-    )
-    deadline = time.monotonic() + 30
-    while client.describe_table(TableName=table_name)["Table"]["TableStatus"] != "ACTIVE":
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"table {table_name} not ACTIVE after 30 s")
-        time.sleep(0.05)
+class ResourceError(RuntimeError):
+    """A resource exists in a shape the fleet cannot use."""
 
 
 @dataclass(frozen=True, slots=True)
 class Queues:
     queue_url: str
     dlq_url: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """What a deployment of the fleet writes to: the table, the start queue, its DLQ."""
+
+    table: str
+    queue_url: str
+    dlq_url: str
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def _state_index() -> dict[str, Any]:
+    return {
+        "IndexName": schema.STATE_INDEX_NAME,
+        "KeySchema": [
+            {"AttributeName": schema.STATE_INDEX_PARTITION_KEY, "KeyType": "HASH"},
+            {"AttributeName": schema.STATE_INDEX_SORT_KEY, "KeyType": "RANGE"},
+        ],
+        "Projection": {"ProjectionType": "KEYS_ONLY"},
+    }
+
+
+def create_connection_table(client: DynamoDBClient, table_name: str) -> None:
+    """The table of docs/DESIGN.md §2: key ``Pk`` and the keys-only GSI
+    ``by-desired-state`` (``desired_state``, ``lease_expires_at_ms``). A table of that
+    name that already exists is used as it is if it has the index; returns once the
+    table is ACTIVE."""
+    try:
+        client.create_table(
+            TableName=table_name,
+            BillingMode="PAY_PER_REQUEST",
+            AttributeDefinitions=[
+                {"AttributeName": schema.PARTITION_KEY, "AttributeType": "S"},
+                {"AttributeName": schema.STATE_INDEX_PARTITION_KEY, "AttributeType": "S"},
+                {"AttributeName": schema.STATE_INDEX_SORT_KEY, "AttributeType": "N"},
+            ],
+            KeySchema=[{"AttributeName": schema.PARTITION_KEY, "KeyType": "HASH"}],
+            GlobalSecondaryIndexes=[_state_index()],  # type: ignore[list-item]
+        )
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") != "ResourceInUseException":
+            raise
+        indexes = client.describe_table(TableName=table_name)["Table"].get(
+            "GlobalSecondaryIndexes", []
+        )
+        if schema.STATE_INDEX_NAME not in {index.get("IndexName") for index in indexes}:
+            raise ResourceError(
+                f"table {table_name} exists without the index {schema.STATE_INDEX_NAME}; "
+                "delete it or choose another name"
+            ) from None
+    wait_until(
+        lambda: client.describe_table(TableName=table_name)["Table"]["TableStatus"] == "ACTIVE",
+        TABLE_ACTIVE_TIMEOUT_S,
+        f"table {table_name} to be ACTIVE",
+    )
+
+
+def _queue(client: SQSClient, name: str, attributes: dict[str, str]) -> str:
+    """Create the queue, or give an existing one of that name these attributes."""
+    try:
+        return client.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"]  # type: ignore[arg-type]
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") not in _QUEUE_EXISTS:
+            raise
+    url = client.get_queue_url(QueueName=name)["QueueUrl"]
+    client.set_queue_attributes(QueueUrl=url, Attributes=attributes)  # type: ignore[arg-type]
+    return url
 
 
 def create_start_queue(
@@ -61,17 +133,115 @@ def create_start_queue(
     max_receive_count: int = DEFAULT_MAX_RECEIVE_COUNT,
     visibility_timeout: int = DEFAULT_VISIBILITY_TIMEOUT,
 ) -> Queues:
-    """The start queue and its dead-letter queue, joined by a redrive policy."""
-    dlq_url = client.create_queue(QueueName=f"{name}-dlq")["QueueUrl"]
+    """The start queue and its dead-letter queue ``<name>-dlq``, joined by a redrive
+    policy. Idempotent: existing queues get these settings."""
+    dlq_url = _queue(client, f"{name}-dlq", {})
     dlq_arn = client.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])[
         "Attributes"
     ]["QueueArn"]
     redrive = {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": str(max_receive_count)}
-    queue_url = client.create_queue(
-        QueueName=name,
-        Attributes={
-            "VisibilityTimeout": str(visibility_timeout),
-            "RedrivePolicy": json.dumps(redrive),
-        },
-    )["QueueUrl"]
+    queue_url = _queue(
+        client,
+        name,
+        {"VisibilityTimeout": str(visibility_timeout), "RedrivePolicy": json.dumps(redrive)},
+    )
     return Queues(queue_url=queue_url, dlq_url=dlq_url)
+
+
+def create_resources(
+    dynamodb: DynamoDBClient,
+    sqs: SQSClient,
+    *,
+    table: str,
+    queue: str,
+    max_receive_count: int = DEFAULT_MAX_RECEIVE_COUNT,
+    visibility_timeout: int = DEFAULT_VISIBILITY_TIMEOUT,
+) -> Resources:
+    """The table (with its index), the start queue and its DLQ; idempotent."""
+    create_connection_table(dynamodb, table)
+    queues = create_start_queue(
+        sqs, queue, max_receive_count=max_receive_count, visibility_timeout=visibility_timeout
+    )
+    return Resources(table=table, queue_url=queues.queue_url, dlq_url=queues.dlq_url)
+
+
+# --- the command -----------------------------------------------------------------------
+
+
+def _session() -> boto3.session.Session:
+    """Credentials and region the usual way; placeholder ones for local endpoints
+    when none are configured (any key will do there), as the worker does."""
+    session = boto3.session.Session()
+    region = session.region_name or LOCAL_REGION
+    if session.get_credentials() is None and any(os.environ.get(v) for v in _ENDPOINT_VARIABLES):
+        return boto3.session.Session(
+            aws_access_key_id=LOCAL_CREDENTIALS,
+            aws_secret_access_key=LOCAL_CREDENTIALS,
+            region_name=region,
+        )
+    return boto3.session.Session(region_name=region)
+
+
+def _positive_number(raw: str) -> int:
+    return whole_number(raw, minimum=1)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m local_stack.resources",
+        description=(
+            "Create the connection table (with its index), the start queue and its DLQ at "
+            "the endpoints in AWS_ENDPOINT_URL_DYNAMODB and AWS_ENDPOINT_URL_SQS; print "
+            "one JSON line with table, queue_url and dlq_url. Idempotent."
+        ),
+    )
+    parser.add_argument("--table", required=True, help="table name")
+    parser.add_argument("--queue", required=True, help="start queue name (DLQ: <name>-dlq)")
+    parser.add_argument(
+        "--max-receive-count",
+        type=_positive_number,
+        default=DEFAULT_MAX_RECEIVE_COUNT,
+        help="receives before a start message moves to the DLQ (default %(default)s)",
+    )
+    parser.add_argument(
+        "--visibility-timeout",
+        type=_positive_number,
+        default=DEFAULT_VISIBILITY_TIMEOUT,
+        help="seconds a received start message stays hidden (default %(default)s)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    session = _session()
+    dynamodb: DynamoDBClient = session.client("dynamodb", config=_CLIENT_CONFIG)
+    sqs: SQSClient = session.client("sqs", config=_CLIENT_CONFIG)
+    try:
+        resources = create_resources(
+            dynamodb,
+            sqs,
+            table=args.table,
+            queue=args.queue,
+            max_receive_count=args.max_receive_count,
+            visibility_timeout=args.visibility_timeout,
+        )
+    except ResourceError as error:
+        print(f"local_stack.resources: {error}", file=sys.stderr)
+        return 1
+    except (BotoCoreError, ClientError, TimeoutError) as error:
+        print(
+            f"local_stack.resources: failed with DynamoDB at {dynamodb.meta.endpoint_url} and "
+            f"SQS at {sqs.meta.endpoint_url}: {error}",
+            file=sys.stderr,
+        )
+        return 1
+    finally:
+        dynamodb.close()
+        sqs.close()
+    print(resources.to_json(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

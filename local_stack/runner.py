@@ -1,5 +1,5 @@
 """``python -m local_stack``: the whole system on this machine, from nothing, with a live
-view of the fleet (DESIGN section 7).
+view of the fleet (docs/DESIGN.md §7).
 
 Order of things:
 
@@ -29,25 +29,20 @@ itself fail the run: killing workers to watch the failover is part of the demo.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
 
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from fleetctl import client as fleet_api
 from fleetctl import rates, render
 from local_stack import fleet_view, services
+from local_stack.clock import now_ms
+from local_stack.fleet import Deployment, scan_items
 from local_stack.options import (
     Options,
     Ports,
@@ -58,35 +53,37 @@ from local_stack.options import (
 from local_stack.process_env import (
     QUEUE_NAME,
     TABLE_NAME,
+    Endpoints,
     demo_url,
     format_number,
-    router_env,
-    worker_env,
 )
-from local_stack.resources import create_connection_table, create_start_queue
 from local_stack.services import LOCAL_CREDENTIALS, LOCAL_REGION, LOOPBACK, ManagedProcess
 from local_stack.stop_requests import Phase, StopRequests
+from local_stack.workers import WORKER_READY_TIMEOUT_S, WorkerProcess, WorkerStartError, wait_ready
+from worker import config as worker_settings
 from worker.config import timing_from_env
 from wsfleet.item import ConnectionItem
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
-    from mypy_boto3_sqs import SQSClient
 
 #: How often the view reads the table and redraws.
 REFRESH_S: Final = 1.0
 #: How often a summary line is printed when there is no live view.
 SUMMARY_EVERY_S: Final = 5.0
-#: How long workers may take to start their event loop (first health stamp).
-WORKER_READY_TIMEOUT_S: Final = 30.0
-#: Least time workers get to release their leases after SIGTERM before SIGKILL. A
-#: worker's own shutdown is bounded by one lease (DESIGN 4), so longer leases get more.
+#: Least time workers get to release their leases after SIGTERM before SIGKILL; a
+#: worker's own shutdown is bounded by its shutdown budget (docs/DESIGN.md §4.8), and the
+#: deployment allows that plus a margin when it is longer.
 WORKER_STOP_TIMEOUT_S: Final = 30.0
 # Clients of the local servers fail fast: a dead server must not freeze the view.
 _CLIENT_CONFIG = Config(
     connect_timeout=1, read_timeout=5, retries={"max_attempts": 2, "mode": "standard"}
 )
 _POLL_S = 0.05
+#: Worker settings the runner always sets: metrics every 10 s keep the logs readable,
+#: and a short SQS long poll makes a worker's shutdown quick.
+METRICS_INTERVAL_S: Final = 10
+SQS_WAIT_S: Final = 2
 
 
 class StartupError(RuntimeError):
@@ -105,43 +102,6 @@ def _duration(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
-def post_json(url: str, body: Mapping[str, Any]) -> tuple[int, str]:
-    """POST a JSON body; the status and the answer's text (4xx/5xx included)."""
-    request = urllib.request.Request(
-        url,
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, response.read().decode(errors="replace")
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode(errors="replace")
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def scan_items(client: DynamoDBClient, table: str) -> list[ConnectionItem]:
-    """Every item of the table (a Scan: fine for a local demo, never used in AWS)."""
-    items: list[ConnectionItem] = []
-    for page in client.get_paginator("scan").paginate(TableName=table, ConsistentRead=True):
-        items.extend(ConnectionItem.from_dynamodb(raw) for raw in page.get("Items", []))
-    return items
-
-
-def _dynamodb_client(port: int) -> DynamoDBClient:
-    client: DynamoDBClient = services.local_client("dynamodb", port, config=_CLIENT_CONFIG)
-    return client
-
-
-def _sqs_client(port: int) -> SQSClient:
-    client: SQSClient = services.local_client("sqs", port, config=_CLIENT_CONFIG)
-    return client
-
-
 # --- the stack -------------------------------------------------------------------------
 
 
@@ -152,20 +112,29 @@ class LocalStack:
         self.options = options
         self.ports = ports
         self.stops = stops
-        self.servers: list[ManagedProcess] = []
-        """Started servers, in start order (they stop in reverse)."""
-        self.workers: list[ManagedProcess] = []
+        self._servers: list[ManagedProcess] = []
+        """DynamoDB Local, moto and the feed, as started."""
+        self.deployment: Deployment | None = None
+        """The table, queue, router and workers, once the servers run."""
         self.timing = timing_from_env(
             {} if options.lease_seconds is None else {"LEASE_SECONDS": repr(options.lease_seconds)}
         )
-        self._health_files: dict[str, Path] = {}
         self._ddb: DynamoDBClient | None = None
-        self._sqs: SQSClient | None = None
         self._table_ready = False
         self._queue_url = ""
         self._info: list[str] = []
         self._reported_dead: set[str] = set()
         self._stdout_open = True
+
+    @property
+    def servers(self) -> list[ManagedProcess]:
+        """Started servers in start order, the router last (they stop in reverse)."""
+        router = None if self.deployment is None else self.deployment.router
+        return [*self._servers, *([] if router is None else [router])]
+
+    @property
+    def workers(self) -> list[WorkerProcess]:
+        return [] if self.deployment is None else self.deployment.workers
 
     # -- output
 
@@ -199,7 +168,13 @@ class LocalStack:
         try:
             try:
                 self._start()
-            except (StartupError, services.ServiceStartError, TimeoutError, OSError) as error:
+            except (
+                StartupError,
+                services.ServiceStartError,
+                WorkerStartError,
+                TimeoutError,
+                OSError,
+            ) as error:
                 hint = " (choose other ports with --base-port)" if "in use" in str(error) else ""
                 self._say(f"local stack: startup failed: {error}{hint}", err=True)
                 failed = True
@@ -225,44 +200,53 @@ class LocalStack:
 
         self._say(f"starting DynamoDB Local on {services.endpoint_url(self.ports.dynamodb)}")
         with self.stops.abortable():
-            self.servers.append(services.start_dynamodb_local(self.ports.dynamodb, log_dir))
+            self._servers.append(services.start_dynamodb_local(self.ports.dynamodb, log_dir))
         if self.stops.requested():
             return
         self._say(f"starting moto (SQS, CloudWatch) on {services.endpoint_url(self.ports.moto)}")
         with self.stops.abortable():
-            self.servers.append(services.start_moto_server(self.ports.moto, log_dir))
+            self._servers.append(services.start_moto_server(self.ports.moto, log_dir))
         if self.stops.requested():
             return
         self._say(f"starting the demo feed on ws://{LOOPBACK}:{self.ports.feed}")
         with self.stops.abortable():
-            self.servers.append(services.start_feed(self.ports.feed, log_dir, self.options.rate))
+            self._servers.append(services.start_feed(self.ports.feed, log_dir, self.options.rate))
         if self.stops.requested():
             return
 
-        self._ddb = _dynamodb_client(self.ports.dynamodb)
-        self._sqs = _sqs_client(self.ports.moto)
-        create_connection_table(self._ddb, TABLE_NAME)
+        lease = self.options.lease_seconds
+        deployment = self.deployment = Deployment(
+            Endpoints.on_ports(self.ports.dynamodb, self.ports.moto),
+            log_dir,
+            table=TABLE_NAME,
+            queue=QUEUE_NAME,
+            health_dir=self.options.state_dir / "health",
+            worker_defaults={
+                worker_settings.METRICS_INTERVAL_SECONDS: str(METRICS_INTERVAL_S),
+                worker_settings.SQS_WAIT_SECONDS: str(SQS_WAIT_S),
+                # None: the worker's own default, whatever this shell sets.
+                worker_settings.LEASE_SECONDS: None if lease is None else repr(lease),
+            },
+            client_config=_CLIENT_CONFIG,
+        )
+        self._ddb = deployment.ddb
+        self._queue_url = deployment.create_resources().queue_url
         self._table_ready = True
-        queues = create_start_queue(self._sqs, QUEUE_NAME)
-        self._queue_url = queues.queue_url
         if self.stops.requested():
             return
         self._say(f"starting the router API on {self._api_url}")
         with self.stops.abortable():
-            self.servers.append(
-                services.start_router(
-                    self.ports.api,
-                    log_dir,
-                    router_env(os.environ, ports=self.ports, queue_url=self._queue_url),
-                )
-            )
+            deployment.start_router(self.ports.api)
         if self.stops.requested():
             return
 
         self._say(f"starting {self.options.workers} workers")
         for index in range(1, self.options.workers + 1):
-            self._launch_worker(index)
-        self._await_workers()
+            worker_id = f"local-worker-{index}"
+            deployment.launch_worker(
+                worker_id, deployment.worker_env(worker_id), log_name=f"worker-{index}"
+            )
+        wait_ready(deployment.workers, WORKER_READY_TIMEOUT_S, give_up=self.stops.requested)
         if self.stops.requested():
             return
 
@@ -270,60 +254,6 @@ class LocalStack:
         self._info = self._describe(time.monotonic() - started)
         for line in self._info:
             self._say(line)
-
-    def _launch_worker(self, index: int) -> None:
-        worker_id = f"local-worker-{index}"
-        health_dir = self.options.state_dir / "health"
-        health_dir.mkdir(parents=True, exist_ok=True)
-        health_file = health_dir / f"worker-{index}.alive"
-        # A stamp left by a previous run would pass for readiness.
-        health_file.unlink(missing_ok=True)
-        log_path = self.options.log_dir / f"worker-{index}.log"
-        env = worker_env(
-            os.environ,
-            worker_id=worker_id,
-            ports=self.ports,
-            queue_url=self._queue_url,
-            health_file=health_file,
-            lease_seconds=self.options.lease_seconds,
-        )
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "worker"],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=services.REPO_ROOT,
-                env=env,
-                # Its own process group: a terminal Ctrl-C must not reach the workers
-                # before the runner orders the shutdown (and the servers still run).
-                start_new_session=True,
-            )
-        self.workers.append(ManagedProcess(worker_id, process, log_path))
-        self._health_files[worker_id] = health_file
-
-    def _await_workers(self) -> None:
-        """Wait until every worker's event loop has stamped its health file."""
-        deadline = time.monotonic() + WORKER_READY_TIMEOUT_S
-        pending = list(self.workers)
-        while pending and not self.stops.requested():
-            for worker in list(pending):
-                if not worker.alive():
-                    raise StartupError(
-                        f"{worker.name} exited with status {worker.process.returncode} while "
-                        f"starting; end of {worker.log_path}:\n{worker.log_tail()}"
-                    )
-                if self._health_files[worker.name].exists():
-                    pending.remove(worker)
-            if not pending:
-                return
-            if time.monotonic() > deadline:
-                names = ", ".join(worker.name for worker in pending)
-                raise StartupError(
-                    f"{names} not running after {WORKER_READY_TIMEOUT_S:g} s; "
-                    f"see {self.options.log_dir}"
-                )
-            time.sleep(_POLL_S)
 
     @property
     def _api_url(self) -> str:
@@ -335,13 +265,12 @@ class LocalStack:
             if self.stops.requested():
                 return
             connection_id = f"demo-{index}"
-            body = {
-                "connection_id": connection_id,
-                "ws_url": demo_url(self.ports.feed, index, self.options.rate),
-            }
-            status, answer = post_json(f"{self._api_url}/connections", body)
-            if status not in (200, 201):
-                raise StartupError(f"the router refused {connection_id}: {status} {answer}")
+            url = demo_url(self.ports.feed, index, self.options.rate)
+            assert self.deployment is not None
+            try:
+                self.deployment.start_connection(connection_id, url)
+            except fleet_api.ClientError as error:
+                raise StartupError(f"the router refused {connection_id}: {error}") from None
 
     def _describe(self, startup_s: float) -> list[str]:
         dynamodb = services.endpoint_url(self.ports.dynamodb)
@@ -461,7 +390,7 @@ class LocalStack:
     # -- shutdown
 
     def _shutdown(self) -> bool:
-        """DESIGN 7: workers first (they release their leases), servers last. Returns
+        """docs/DESIGN.md §7: workers first (they release their leases), servers last. Returns
         whether it was clean. Never raises before every server has been told to stop."""
         clean = True
         try:
@@ -471,9 +400,8 @@ class LocalStack:
         finally:
             for server in reversed(self.servers):
                 clean = self._stop_server(server) and clean
-            for client in (self._ddb, self._sqs):
-                if client is not None:
-                    client.close()
+            if self.deployment is not None:
+                self.deployment.close_clients()
         if self.servers or self.workers:
             self._say("local stack stopped" + ("" if clean else " (not cleanly: see above)"))
         return clean
@@ -486,36 +414,21 @@ class LocalStack:
                     f"see {worker.log_path}"
                 )
         running = [worker for worker in self.workers if worker.alive()]
-        if not running:
+        if not running or self.deployment is None:
             return True
-        bound = max(WORKER_STOP_TIMEOUT_S, self.timing.lease + 10.0)
+        bound = max(WORKER_STOP_TIMEOUT_S, self.deployment.stop_timeout)
         self._say(
             f"stopping {len(running)} workers: SIGTERM, then they release their leases with "
             f"final checkpoints (up to {bound:g} s; Ctrl-C again to kill them now)"
         )
-        began = time.monotonic()
-        for worker in running:
-            _signal_group(worker, signal.SIGTERM)
-        deadline = began + bound
-        pending = list(running)
-        while pending and not self.stops.hurry and time.monotonic() < deadline:
-            pending = [worker for worker in pending if worker.alive()]
-            if pending:
-                time.sleep(_POLL_S)
-        clean = True
-        if pending:
-            clean = False
+        result = self.deployment.stop_workers(bound, hurry=lambda: self.stops.hurry)
+        if result.killed:
             why = "interrupted again" if self.stops.hurry else f"still running after {bound:g} s"
-            names = ", ".join(worker.name for worker in pending)
+            names = ", ".join(result.killed)
             self._say(f"{why}: SIGKILL to {names} (their leases lapse on their own)")
-            for worker in pending:
-                _signal_group(worker, signal.SIGKILL)
-            for worker in pending:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    worker.process.wait(timeout=5.0)
-        statuses = ", ".join(f"{w.name}={w.process.returncode}" for w in running)
-        self._say(f"workers stopped in {time.monotonic() - began:.1f} s (exit status: {statuses})")
-        return clean and all(worker.process.returncode == 0 for worker in running)
+        statuses = ", ".join(f"{name}={status}" for name, status in result.statuses.items())
+        self._say(f"workers stopped in {result.seconds:.1f} s (exit status: {statuses})")
+        return result.clean
 
     def _report_leases(self) -> bool:
         items, error = self._scan()
@@ -523,9 +436,8 @@ class LocalStack:
             self._say(f"leases still held: unknown ({error})")
             return False
         statuses = self._worker_statuses()
-        self._say(
-            f"after shutdown: {fleet_view.summary_line(items, None, 0.0, now_ms(), statuses)}"
-        )
+        views = fleet_view.views_of(items, now_ms())
+        self._say(f"after shutdown: {fleet_view.summary(views, {}, statuses)}")
         held = [item for item in items if item.lease_owner is not None]
         detail = ", ".join(f"{item.connection_id} by {item.lease_owner}" for item in held)
         self._say(f"leases still held: {len(held)}" + (f" ({detail})" if detail else ""))
@@ -543,14 +455,6 @@ class LocalStack:
             return False
         self._say(f"stopped {server.name}")
         return True
-
-
-def _signal_group(process: ManagedProcess, sig: signal.Signals) -> None:
-    # Each worker leads its own process group (start_new_session). Only signal while the
-    # child is unreaped, so its pid cannot have been reused.
-    if process.process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.process.pid, sig)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,9 +1,10 @@
-"""Start and stop the local servers (DynamoDB Local, moto, the demo feed) as child
-processes, for the local-stack runner and for test fixtures.
+"""Start and stop the local servers (DynamoDB Local, moto, the demo feed, the router's
+HTTP adapter) as child processes, for the local-stack runner, the benchmarks and the
+test fixtures.
 
 Every server runs in its own session (``start_new_session=True``): a Ctrl-C in the
 terminal reaches only the runner, which stops the servers last, after the workers have
-released their leases (DESIGN section 7). Each server writes stdout and stderr to
+released their leases (docs/DESIGN.md §7). Each server writes stdout and stderr to
 ``<log_dir>/<name>-<port>.log``; startup failures quote the tail of that log.
 """
 
@@ -55,7 +56,8 @@ def free_port() -> int:
         return port
 
 
-def _accepts_tcp(host: str, port: int, timeout: float) -> bool:
+def accepts_tcp(port: int, host: str = LOOPBACK, timeout: float = 0.5) -> bool:
+    """Whether ``host:port`` accepts a TCP connection within ``timeout`` seconds."""
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return True
@@ -69,7 +71,7 @@ def wait_for_tcp(host: str, port: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         remaining = deadline - time.monotonic()
-        if _accepts_tcp(host, port, timeout=max(0.05, min(1.0, remaining))):
+        if accepts_tcp(port, host, timeout=max(0.05, min(1.0, remaining))):
             return
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -94,6 +96,14 @@ class ManagedProcess:
         """Whether the process is still running."""
         return self.process.poll() is None
 
+    def poll(self) -> int | None:
+        """The exit status (negative: killed by that signal), None while it runs."""
+        return self.process.poll()
+
+    def wait(self, timeout: float) -> int:
+        """The exit status once it has ended; raises TimeoutExpired after ``timeout`` s."""
+        return self.process.wait(timeout)
+
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM, wait up to ``timeout`` s, then SIGKILL and wait again.
 
@@ -103,12 +113,12 @@ class ManagedProcess:
         """
         if self.process.poll() is not None:
             return self.process.returncode
-        self._signal_group(signal.SIGTERM)
+        self.signal(signal.SIGTERM)
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             pass
-        self._signal_group(signal.SIGKILL)
+        self.signal(signal.SIGKILL)
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -124,11 +134,36 @@ class ManagedProcess:
         except OSError as exc:
             return f"(log unreadable: {exc})"
 
-    def _signal_group(self, sig: signal.Signals) -> None:
+    def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the child's process group, unless it has already ended."""
         # The child leads its own process group, so this also reaches anything it
-        # spawned. Called only while the child is unreaped, so its pid is not reused.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, sig)
+        # spawned. Only while the child is unreaped, so its pid cannot have been reused.
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, sig)
+
+
+def spawn(
+    argv: Sequence[str],
+    log_path: Path,
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in its own session (a terminal's Ctrl-C reaches only its
+    parent), with no stdin and stdout and stderr going to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    # The child gets its own copy of the descriptor; the parent's closes on leaving.
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=None if env is None else dict(env),
+            start_new_session=True,
+        )
 
 
 def _launch(
@@ -137,28 +172,16 @@ def _launch(
     log_dir: Path,
     *,
     cwd: Path | None = None,
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> ManagedProcess:
-    log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
-    # The child gets its own copy of the descriptor; the parent's closes on leaving.
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,
-        )
-    return ManagedProcess(name=name, process=process, log_path=log_path)
+    return ManagedProcess(name, spawn(argv, log_path, cwd=cwd, env=env), log_path)
 
 
 def _refuse_busy_port(port: int) -> None:
     # A server that cannot bind exits, but a readiness probe would meanwhile be answered
     # by whatever already listens there and report success.
-    if _accepts_tcp(LOOPBACK, port, timeout=0.5):
+    if accepts_tcp(port):
         raise OSError(f"port {LOOPBACK}:{port} is already in use")
 
 
@@ -191,16 +214,17 @@ def _await_ready(
 
 def local_client(
     service: str,
-    port: int,
+    endpoint: int | str,
     *,
     config: Config | None = None,
     region: str = LOCAL_REGION,
     key: str = LOCAL_CREDENTIALS,
 ) -> Any:
-    """A boto3 client of a local server on ``127.0.0.1:port`` (any credentials do)."""
+    """A boto3 client of a local server: ``endpoint`` is its port on 127.0.0.1 or its
+    URL (any credentials do)."""
     return boto3.session.Session().client(
         service,  # type: ignore[call-overload]
-        endpoint_url=endpoint_url(port),
+        endpoint_url=endpoint_url(endpoint) if isinstance(endpoint, int) else endpoint,
         region_name=region,
         aws_access_key_id=key,
         aws_secret_access_key=key,
@@ -298,7 +322,7 @@ def start_moto_server(port: int, log_dir: Path, timeout: float = 30.0) -> Manage
     client = _sqs_client(port)
 
     def answers() -> bool:
-        if not _accepts_tcp(LOOPBACK, port, timeout=0.5):
+        if not accepts_tcp(port):
             return False
         try:
             client.list_queues()
@@ -343,7 +367,7 @@ def start_feed(
         # Unbuffered, so the log shows what happened even if the feed is killed.
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    _await_ready(managed, lambda: _accepts_tcp(LOOPBACK, port, timeout=0.5), timeout, "accept TCP")
+    _await_ready(managed, lambda: accepts_tcp(port), timeout, "accept TCP")
     return managed
 
 
@@ -365,5 +389,5 @@ def start_router(
         cwd=repo_root,
         env={**env, "PYTHONUNBUFFERED": "1"},
     )
-    _await_ready(managed, lambda: _accepts_tcp(LOOPBACK, port, timeout=0.5), timeout, "accept TCP")
+    _await_ready(managed, lambda: accepts_tcp(port), timeout, "accept TCP")
     return managed

@@ -1,4 +1,5 @@
-"""SIGINT, SIGTERM and SIGHUP of the local stack runner, turned into an orderly shutdown."""
+"""SIGINT, SIGTERM and SIGHUP of the local stack runner, turned into an orderly shutdown;
+SIGTERM turned into Ctrl-C for the benchmarks."""
 
 from __future__ import annotations
 
@@ -86,3 +87,18 @@ class StopRequests:
             return
         if self.phase is Phase.STARTING and self._abortable:
             raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises KeyboardInterrupt like a Ctrl-C does, so the
+    ``finally`` blocks that stop child processes run on either."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -7,20 +7,25 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import boto3
 import pytest
-from botocore.config import Config
 
 from local_stack import services
+from local_stack.fleet import CLIENT_CONFIG
+from local_stack.process_env import Endpoints
 from local_stack.resources import Queues, create_connection_table, create_start_queue
 from tests.router.local_api import local_router
 from tests.support.fleet import Fleet
+from tests.support.timing import TIME_SCALE, scaled
 
-LOCAL_CREDENTIALS = {
-    "region_name": "us-east-1",
-    "aws_access_key_id": "local",
-    "aws_secret_access_key": "local",
-}
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests without a timeout of their own get pyproject's, scaled like the rest."""
+    if TIME_SCALE == 1:
+        return
+    default = scaled(float(config.getini("timeout")))
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(default))
 
 
 @pytest.fixture(scope="session")
@@ -46,19 +51,14 @@ def moto_endpoint(service_log_dir: Path) -> Iterator[str]:
 
 @pytest.fixture
 def ddb(dynamodb_endpoint: str):
-    client = boto3.client(
-        "dynamodb",
-        endpoint_url=dynamodb_endpoint,
-        config=Config(max_pool_connections=32, retries={"mode": "standard"}),
-        **LOCAL_CREDENTIALS,
-    )
+    client = services.local_client("dynamodb", dynamodb_endpoint, config=CLIENT_CONFIG)
     yield client
     client.close()
 
 
 @pytest.fixture
 def sqs(moto_endpoint: str):
-    client = boto3.client("sqs", endpoint_url=moto_endpoint, **LOCAL_CREDENTIALS)
+    client = services.local_client("sqs", moto_endpoint, config=CLIENT_CONFIG)
     yield client
     client.close()
 
@@ -104,17 +104,19 @@ def feed_url(service_log_dir: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def fleet(ddb, sqs, table, queues, feed_url, dynamodb_endpoint, moto_endpoint, tmp_path):
-    """Real worker processes on demand (tests.support.fleet), stopped after the test."""
+def fleet(feed_url, dynamodb_endpoint, moto_endpoint, tmp_path):
+    """A fresh table and queue served by their own router, with real worker processes
+    on demand (tests.support.fleet); everything stopped after the test."""
     fleet = Fleet(
-        ddb=ddb,
-        sqs=sqs,
-        table=table,
-        queue_url=queues.queue_url,
-        dlq_url=queues.dlq_url,
-        feed_url=feed_url,
-        endpoints={"dynamodb": dynamodb_endpoint, "sqs": moto_endpoint},
-        work_dir=tmp_path,
+        Endpoints(dynamodb_endpoint, moto_endpoint),
+        tmp_path,
+        table=unique_name("connections"),
+        queue=unique_name("starts"),
+        feed_base=feed_url,
     )
-    yield fleet
-    fleet.stop_all()
+    try:
+        fleet.create_resources(max_receive_count=2, visibility_timeout=2)
+        fleet.start_router()
+        yield fleet
+    finally:
+        fleet.close()

@@ -26,9 +26,10 @@ from benchmarks.chaos_plan import (
     plan_faults,
 )
 from local_stack.audit import Record
+from tests.support.timing import scaled
 from wsfleet.timing import LeaseTiming
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(scaled(30))
 
 TIMING = LeaseTiming.from_lease(2.0)
 

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from tests.support.processes import run_module
+from tests.support.timing import scaled
 
 SHORT_RUN = ["--duration", "25", "--workers", "3", "--connections", "12"]
-RUN_TIMEOUT_S = 200
+RUN_TIMEOUT_S = scaled(200)
 
 pytestmark = pytest.mark.fleet
 
@@ -31,7 +32,7 @@ def summary_of(stdout: str) -> dict[str, Any]:
     raise AssertionError(f"no JSON summary in the output:\n{stdout}")
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(scaled(240))
 def test_short_chaos_run_keeps_every_promise() -> None:
     result = run_chaos(SHORT_RUN)
     output = f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"

@@ -19,9 +19,10 @@ from benchmarks.cost_model import (
     monthly_cost,
     report,
 )
+from tests.support.timing import scaled
 from wsfleet.timing import LeaseTiming
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(scaled(30))
 
 DEFAULT = LeaseTiming.from_lease(20.0)  # heartbeat 5 s, reconcile 5 s
 

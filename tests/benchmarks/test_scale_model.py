@@ -9,8 +9,9 @@ import pytest
 
 from benchmarks.cost_model import GSI_PARTITION_WRITES_PER_SECOND, Prices
 from benchmarks.scale_model import Scale, compare, current, main, sessions, takeover_write_units
+from tests.support.timing import scaled
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(scaled(30))
 
 SCALE = Scale()  # 100,000 connections, 500 per worker, lease 20 s, heartbeat 5 s
 

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 import pytest
 
 from benchmarks.tcp_proxy import Mode, ProxyThread, TcpProxy
+from tests.support.timing import scaled
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(scaled(30))
 
 # Long enough for a loaded machine, short enough that a hang fails fast.
-ANSWER_TIMEOUT_S = 5.0
+ANSWER_TIMEOUT_S = scaled(5.0)
 QUIET_S = 0.3
 """How long "nothing arrives" is watched for."""
 

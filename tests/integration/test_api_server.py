@@ -9,8 +9,9 @@ import socket
 import pytest
 
 from local_stack.api_server import MAX_REQUEST_BYTES, http_event, serve_router
+from tests.support.timing import scaled
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(scaled(30))
 
 
 def echo(event, context):
@@ -35,11 +36,11 @@ def port():
     yield server.server_port
     server.shutdown()
     server.server_close()
-    thread.join(5)
+    thread.join(scaled(5))
 
 
 def raw(port: int, request: bytes) -> tuple[str, str]:
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=scaled(5)) as sock:
         sock.sendall(request)
         chunks = []
         while chunk := sock.recv(65536):

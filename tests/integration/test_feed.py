@@ -16,10 +16,12 @@ from websockets.exceptions import ConnectionClosed, ConnectionClosedError, Conne
 from websockets.frames import CloseCode
 from websockets.protocol import State
 
+from local_stack.clock import now_ms
 from local_stack.feed import OVERSIZE_BYTES, feed_value, serve_feed
+from tests.support.timing import scaled
 
 # Long enough for a loaded CI machine, short enough that a hang fails fast.
-RECV_TIMEOUT_S = 5.0
+RECV_TIMEOUT_S = scaled(5.0)
 
 
 @dataclass
@@ -91,8 +93,8 @@ async def test_resume_from_seq_replays_the_same_messages(feed: Feed) -> None:
     assert [m["value"] for m in resumed] == [m["value"] for m in full[4:]]
     assert [m["value"] for m in resumed] == [feed_value("feed-a", s) for s in range(5, 9)]
     assert {m["feed"] for m in full + resumed} == {"feed-a"}
-    now_ms = time.time() * 1000
-    assert all(abs(m["sent_at_ms"] - now_ms) < 60_000 for m in resumed)
+    now = now_ms()
+    assert all(abs(m["sent_at_ms"] - now) < 60_000 for m in resumed)
 
 
 async def test_count_stops_after_that_seq_and_keeps_the_connection_open(feed: Feed) -> None:
@@ -176,7 +178,7 @@ async def test_shutdown_is_not_held_up_by_a_muted_connection() -> None:
             await _assert_silent(ws, 0.3)
             began = time.monotonic()
             await _stop(started)
-            assert time.monotonic() - began < 2.0
+            assert time.monotonic() - began < scaled(2.0)
             # The server's going-away frame still goes out; only reading is muted.
             with pytest.raises(ConnectionClosed):
                 await _recv(ws)
@@ -225,7 +227,7 @@ async def test_pacing_at_50_per_second(default_rate: float, query: str) -> None:
         await _stop(started)
     assert [m["seq"] for m in messages] == list(range(1, 21))
     # Seq 20 is due 19/50 = 0.38 s after the first; loose bounds for a busy machine.
-    assert 0.3 <= elapsed < 3.0
+    assert 0.3 <= elapsed < scaled(3.0)
     assert messages[-1]["sent_at_ms"] - messages[0]["sent_at_ms"] >= 300
 
 

@@ -4,17 +4,21 @@ writes, so the lease protocol is only ever tested here)."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.support.timing import scaled
 from wsfleet import schema
 from wsfleet.desired_state import DesiredStateStore, StartOutcome, StopOutcome
+from wsfleet.item import ConnectionItem
+from wsfleet.item_io import get_connection
 from wsfleet.lease_rules import AcquireRefusal, Lease, RenewRefusal
 from wsfleet.lease_store import LeaseStore, Renewed
 from wsfleet.timing import LeaseTiming
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(scaled(120))
 
 TIMING = LeaseTiming.from_lease(20)  # lease 20 000 ms, skew 1 000 ms
 T0 = 1_800_000_000_000
@@ -31,12 +35,20 @@ def control(ddb, table) -> DesiredStateStore:
     return DesiredStateStore(ddb, table)
 
 
+@pytest.fixture
+def read(ddb, table) -> Callable[[str], ConnectionItem | None]:
+    """The item as stored (a consistent read), not through the store under test."""
+    return lambda connection_id: get_connection(ddb, table, connection_id)
+
+
 def won(result) -> Lease:
     assert isinstance(result, Lease), result
     return result
 
 
-def test_sixteen_racing_acquirers_have_exactly_one_winner_every_round(store, control, ddb, table):
+def test_sixteen_racing_acquirers_have_exactly_one_winner_every_round(
+    store, control, ddb, table, read
+):
     racers = 16
     rounds = 100
     control.start("race", URL, T0)
@@ -51,7 +63,7 @@ def test_sixteen_racing_acquirers_have_exactly_one_winner_every_round(store, con
                 assert store.release(holder, 0, now).released
 
             def race(i: int, now: int = now) -> object:
-                barrier.wait(timeout=30)
+                barrier.wait(timeout=scaled(30))
                 return store.acquire("race", f"racer-{i}", now)
 
             results = list(pool.map(race, range(racers)))
@@ -60,18 +72,18 @@ def test_sixteen_racing_acquirers_have_exactly_one_winner_every_round(store, con
             assert all(r is AcquireRefusal.HELD for r in results if not isinstance(r, Lease))
             holder = leases[0] if leases else None
     assert winners_per_round == [1] * rounds
-    final = store.get("race")
+    final = read("race")
     assert final is not None
     assert final.lease_epoch == rounds  # +1 per successful acquisition, never more
 
 
-def test_acquire_returns_what_the_worker_needs(store, control):
+def test_acquire_returns_what_the_worker_needs(store, control, read):
     control.start("c", URL, T0)
     lease = won(store.acquire("c", "w1", T0))
     assert (lease.epoch, lease.last_seq, lease.start_gen, lease.ws_url) == (1, 0, 1, URL)
     assert lease.expires_at_ms == T0 + 20_000
     assert lease.takeover_latency_ms is None
-    item = store.get("c")
+    item = read("c")
     assert item is not None
     assert (item.lease_owner, item.lease_expires_at_ms, item.lease_epoch) == ("w1", T0 + 20_000, 1)
 
@@ -96,41 +108,41 @@ def test_takeover_boundaries(store, control, offset_ms, expected_winner):
         assert result is AcquireRefusal.HELD
 
 
-def test_renew_after_loss_fails_as_lost(store, control):
+def test_renew_after_loss_fails_as_lost(store, control, read):
     control.start("c", URL, T0)
     old = won(store.acquire("c", "w1", T0))
     won(store.acquire("c", "w2", T0 + 21_001))
     assert store.renew(old, 5, T0 + 21_500) is RenewRefusal.LOST
-    item = store.get("c")
+    item = read("c")
     assert item is not None
     assert (item.lease_owner, item.last_seq) == ("w2", 0)  # the loser wrote nothing
 
 
-def test_renew_retried_after_success_still_succeeds(store, control):
+def test_renew_retried_after_success_still_succeeds(store, control, read):
     control.start("c", URL, T0)
     lease = won(store.acquire("c", "w1", T0))
     assert store.renew(lease, 3, T0 + 5_000) == Renewed(T0 + 25_000)
     assert store.renew(lease, 3, T0 + 5_000) == Renewed(T0 + 25_000)
-    item = store.get("c")
+    item = read("c")
     assert item is not None
     assert (item.lease_expires_at_ms, item.last_seq) == (T0 + 25_000, 3)
 
 
-def test_late_renew_cannot_move_the_expiry_backwards(store, control):
+def test_late_renew_cannot_move_the_expiry_backwards(store, control, read):
     control.start("c", URL, T0)
     lease = won(store.acquire("c", "w1", T0))
     assert isinstance(store.renew(lease, 9, T0 + 10_000), Renewed)
     assert store.renew(lease, 4, T0 + 5_000) is RenewRefusal.SUPERSEDED
-    item = store.get("c")
+    item = read("c")
     assert item is not None
     assert (item.lease_expires_at_ms, item.last_seq) == (T0 + 30_000, 9)
 
 
-def test_release_then_acquire_by_another_resumes_from_the_checkpoint(store, control):
+def test_release_then_acquire_by_another_resumes_from_the_checkpoint(store, control, read):
     control.start("c", URL, T0)
     lease = won(store.acquire("c", "w1", T0))
     assert store.release(lease, 77, T0 + 1_000).released
-    released = store.get("c")
+    released = read("c")
     assert released is not None
     assert (released.lease_owner, released.lease_expires_at_ms) == (None, 0)
     taken = won(store.acquire("c", "w2", T0 + 1_001))
@@ -156,7 +168,7 @@ def test_acquire_retried_after_success_adopts_the_lease(store, control):
     assert isinstance(store.renew(adopted, 1, T0 + 5_000), Renewed)
 
 
-def test_a_new_attempt_never_adopts_an_older_hold_whose_release_is_in_flight(store, control):
+def test_a_new_attempt_never_adopts_an_older_hold_whose_release_is_in_flight(store, control, read):
     """The race the chaos run found: a fenced runner's release was still on its way
     when the same worker tried the connection again. Adopting the old epoch let the
     late release free the lease under a runner that believed it held it."""
@@ -167,7 +179,7 @@ def test_a_new_attempt_never_adopts_an_older_hold_whose_release_is_in_flight(sto
     assert store.release(old, 7, T0 + 19_500).released  # the late release lands
     taken = won(store.acquire("c", "w2", T0 + 19_600))
     assert taken.epoch == 2
-    item = store.get("c")
+    item = read("c")
     assert item is not None
     assert (item.lease_owner, item.lease_epoch) == ("w2", 2)
 
@@ -181,7 +193,7 @@ def test_renew_sees_stop_and_restart(store, control):
     assert store.renew(lease, 2, T0 + 7_000) is RenewRefusal.RESTARTED
 
 
-def test_release_after_restart_with_new_url_keeps_the_reset_checkpoint(store, control):
+def test_release_after_restart_with_new_url_keeps_the_reset_checkpoint(store, control, read):
     control.start("c", URL, T0)
     lease = won(store.acquire("c", "w1", T0))
     assert isinstance(store.renew(lease, 50, T0 + 1_000), Renewed)
@@ -191,7 +203,7 @@ def test_release_after_restart_with_new_url_keeps_the_reset_checkpoint(store, co
     released = store.release(lease, 60, T0 + 4_000)
     assert (released.released, released.checkpointed) == (True, False)  # not the stale seq
     assert released.restarted  # the release saw the new start: the holder takes it again
-    item = store.get("c")
+    item = read("c")
     assert item is not None
     assert (item.last_seq, item.ws_url, item.start_gen, item.lease_owner) == (
         0,
@@ -203,16 +215,16 @@ def test_release_after_restart_with_new_url_keeps_the_reset_checkpoint(store, co
     assert (again.ws_url, again.last_seq, again.start_gen) == ("wss://feed.example/b", 0, 2)
 
 
-def test_restart_with_the_same_url_keeps_the_checkpoint(store, control):
+def test_restart_with_the_same_url_keeps_the_checkpoint(store, control, read):
     control.start("c", URL, T0)
     lease = won(store.acquire("c", "w1", T0))
     assert store.release(lease, 12, T0 + 1).released
     control.stop("c", T0 + 2)
-    item = store.get("c")
+    item = read("c")
     assert item is not None
     assert item.expires_at is not None
     assert control.start("c", URL, T0 + 3).outcome is StartOutcome.RESTARTED
-    item = store.get("c")
+    item = read("c")
     assert item is not None
     assert (item.last_seq, item.start_gen, item.expires_at, item.desired_state) == (
         12,
@@ -222,11 +234,11 @@ def test_restart_with_the_same_url_keeps_the_checkpoint(store, control):
     )
 
 
-def test_start_outcomes_are_decided_by_conditional_writes(control, store):
+def test_start_outcomes_are_decided_by_conditional_writes(control, store, read):
     assert control.start("c", URL, T0).outcome is StartOutcome.CREATED
     assert control.start("c", URL, T0 + 1).outcome is StartOutcome.ALREADY_STARTED
     assert control.start("c", URL + "x", T0 + 2).outcome is StartOutcome.CONFLICT
-    item = store.get("c")
+    item = read("c")
     assert item is not None
     assert (item.ws_url, item.start_gen, item.lease_expires_at_ms, item.lease_epoch) == (
         URL,
@@ -262,7 +274,7 @@ def test_release_after_restart_with_the_same_url_keeps_the_final_checkpoint(stor
     assert (again.last_seq, again.start_gen) == (15, 2)
 
 
-def test_seq_gen_moves_only_when_the_router_resets_the_checkpoint(store, control):
+def test_seq_gen_moves_only_when_the_router_resets_the_checkpoint(store, control, read):
     control.start("c", URL, T0)
     first = won(store.acquire("c", "w1", T0))
     assert first.seq_gen == 0
@@ -270,17 +282,17 @@ def test_seq_gen_moves_only_when_the_router_resets_the_checkpoint(store, control
     for step, url in enumerate([URL, URL, "wss://feed.example/b", "wss://feed.example/b"]):
         control.stop("c", T0 + 10 + 2 * step)
         control.start("c", url, T0 + 11 + 2 * step)
-    item = store.get("c")
+    item = read("c")
     assert item is not None
     assert (item.start_gen, item.seq_gen, item.last_seq) == (5, 1, 0)
 
 
-def test_a_plain_stop_release_reports_no_restart(store, control):
+def test_a_plain_stop_release_reports_no_restart(store, control, read):
     control.start("c", URL, T0)
     lease = won(store.acquire("c", "w1", T0))
     control.stop("c", T0 + 1_000)
     released = store.release(lease, 4, T0 + 2_000)
     assert (released.released, released.checkpointed, released.restarted) == (True, True, False)
-    item = store.get("c")
+    item = read("c")
     assert item is not None
     assert (item.last_seq, item.desired_state, item.lease_owner) == (4, schema.STOPPED, None)

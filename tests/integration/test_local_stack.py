@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from local_stack.services import accepts_tcp
 from tests.support.processes import run_module
+from tests.support.timing import scaled
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENDPOINTS = re.compile(
@@ -27,14 +29,6 @@ DEMO_SEQ = re.compile(r"\b(demo-\d+) seq=(\d+)")
 
 def run_local_stack(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     return run_module("local_stack", args, timeout)
-
-
-def accepts_tcp(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -64,7 +58,7 @@ def logged_events(log: Path) -> list[dict[str, object]]:
 
 
 @pytest.mark.fleet
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(scaled(180))
 def test_demo_runs_and_shuts_down_cleanly(tmp_path):
     state_dir = tmp_path / "state"
     result = run_local_stack(
@@ -83,7 +77,7 @@ def test_demo_runs_and_shuts_down_cleanly(tmp_path):
             "--state-dir",
             str(state_dir),
         ],
-        timeout=150,
+        timeout=scaled(150),
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
@@ -132,7 +126,7 @@ def test_busy_port_fails_fast_naming_the_port_and_the_option(tmp_path):
         busy.listen()
         port = busy.getsockname()[1]
         result = run_local_stack(
-            ["--base-port", str(port), "--state-dir", str(tmp_path / "state")], timeout=60
+            ["--base-port", str(port), "--state-dir", str(tmp_path / "state")], timeout=scaled(60)
         )
     assert result.returncode == 1
     assert f"127.0.0.1:{port}" in result.stderr
@@ -152,14 +146,14 @@ def test_busy_port_fails_fast_naming_the_port_and_the_option(tmp_path):
     ],
 )
 def test_bad_options_are_refused(args, tmp_path):
-    result = run_local_stack([*args, "--state-dir", str(tmp_path / "state")], timeout=60)
+    result = run_local_stack([*args, "--state-dir", str(tmp_path / "state")], timeout=scaled(60))
     assert result.returncode == 2
     assert "error: argument" in result.stderr
     assert not (tmp_path / "state").exists()
 
 
 @pytest.mark.fleet
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(scaled(120))
 def test_a_closed_terminal_stops_the_stack_in_order(tmp_path):
     """SIGHUP (the terminal went away) must not orphan the servers and workers, which
     run in their own sessions: it is an orderly stop like Ctrl-C."""
@@ -195,7 +189,7 @@ def test_a_closed_terminal_stops_the_stack_in_order(tmp_path):
         endpoints = ENDPOINTS.search("".join(seen))
         assert endpoints is not None, "".join(seen)
         process.send_signal(signal.SIGHUP)
-        rest, _ = process.communicate(timeout=60)
+        rest, _ = process.communicate(timeout=scaled(60))
     finally:
         if process.poll() is None:
             process.kill()

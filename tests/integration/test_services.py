@@ -20,6 +20,7 @@ from local_stack.services import (
     LOCAL_REGION,
     ManagedProcess,
     ServiceStartError,
+    accepts_tcp,
     dynamodb_local_dir,
     free_port,
     start_dynamodb_local,
@@ -27,6 +28,7 @@ from local_stack.services import (
     start_moto_server,
     wait_for_tcp,
 )
+from tests.support.timing import scaled
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -54,27 +56,19 @@ def clients() -> Iterator[list[Any]]:
         client.close()
 
 
-def _accepts_tcp(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
 def _assert_stopped(managed: ManagedProcess, port: int) -> None:
     status = managed.stop()
     assert status is not None
     assert managed.process.poll() is not None
     assert not managed.alive()
     assert managed.stop() == status  # idempotent
-    deadline = time.monotonic() + 5
-    while _accepts_tcp(port):
+    deadline = time.monotonic() + scaled(5)
+    while accepts_tcp(port):
         assert time.monotonic() < deadline, f"{managed.name} still listens on {port}"
         time.sleep(0.05)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(scaled(120))
 def test_dynamodb_local_and_moto_serve_requests_and_stop(
     tmp_path: Path, clients: list[Any]
 ) -> None:
@@ -117,7 +111,7 @@ def test_dynamodb_local_and_moto_serve_requests_and_stop(
     assert moto.log_path.stat().st_size > 0
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(scaled(60))
 async def test_feed_process_streams_and_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
     port = free_port()
     feed = start_feed(port, tmp_path, rate=0)
@@ -125,7 +119,9 @@ async def test_feed_process_streams_and_exits_cleanly_on_sigterm(tmp_path: Path)
         async with connect(
             f"ws://127.0.0.1:{port}/feed-a?from_seq=4&count=6", ping_interval=None
         ) as ws:
-            seqs = [json.loads(await asyncio.wait_for(ws.recv(), 5))["seq"] for _ in range(3)]
+            seqs = [
+                json.loads(await asyncio.wait_for(ws.recv(), scaled(5)))["seq"] for _ in range(3)
+            ]
         assert seqs == [4, 5, 6]
     finally:
         status = feed.stop()
@@ -133,7 +129,7 @@ async def test_feed_process_streams_and_exits_cleanly_on_sigterm(tmp_path: Path)
     assert f"feed listening on ws://127.0.0.1:{port}" in feed.log_path.read_text()
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(scaled(60))
 def test_a_server_that_exits_early_is_reported_with_its_log(tmp_path: Path) -> None:
     # Without the repository as working directory the package does not import.
     with pytest.raises(ServiceStartError, match="No module named"):
@@ -158,9 +154,9 @@ def test_wait_for_tcp_times_out_when_nothing_listens() -> None:
     began = time.monotonic()
     with pytest.raises(TimeoutError, match="nothing accepted"):
         wait_for_tcp("127.0.0.1", free_port(), timeout=0.3)
-    assert time.monotonic() - began < 3
+    assert time.monotonic() - began < scaled(3)
 
 
 def test_wait_for_tcp_returns_once_listening() -> None:
     with socket.create_server(("127.0.0.1", 0)) as listener:
-        wait_for_tcp("127.0.0.1", listener.getsockname()[1], timeout=5)
+        wait_for_tcp("127.0.0.1", listener.getsockname()[1], timeout=scaled(5))

@@ -12,9 +12,10 @@ import pytest
 
 from local_stack.audit import duplicate_count, lost_seqs, stale_deliveries
 from tests.support.fleet import TIMING, Fleet, WorkerProcess, wait_until
+from tests.support.timing import scaled
 from wsfleet.metric_names import COUNTERS
 
-pytestmark = [pytest.mark.fleet, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.fleet, pytest.mark.timeout(scaled(240))]
 
 CRASH_BOUND = TIMING.crash_failover_bound()
 
@@ -26,11 +27,11 @@ def emf_documents(worker: WorkerProcess) -> list[dict]:
 def test_a_handler_raising_cancelled_error_does_not_leave_a_silent_hold(fleet: Fleet):
     fleet.start_worker("w", RECORD_FAIL_SEQ="5", RECORD_FAIL_TIMES="1", RECORD_FAIL_WITH="cancel")
     fleet.start_connection("cancel-1")
-    fleet.wait_handling(["cancel-1"], 15, min_seq=5)
+    fleet.wait_handling(["cancel-1"], scaled(15), min_seq=5)
     failed_at = max(r.t for r in fleet.records() if r.seq == 5)
     wait_until(
         lambda: fleet.highest_seq("cancel-1") >= 15,
-        2 * CRASH_BOUND + (time.time() - failed_at),
+        scaled(2 * CRASH_BOUND) + (time.time() - failed_at),
         "the connection to flow again after the handler raised CancelledError",
     )
     records = [r for r in fleet.records() if r.connection_id == "cancel-1"]
@@ -50,19 +51,19 @@ def test_a_worker_that_takes_over_100_connections_keeps_running_and_exits_cleanl
     ids = [f"mass-{i}" for i in range(100)]
     for cid in ids:
         fleet.start_connection(cid, fleet.feed(cid, rate=1))
-    fleet.wait_handling(ids, 60, min_seq=1)
+    fleet.wait_handling(ids, scaled(60), min_seq=1)
     survivor = fleet.start_worker("survivor", METRICS_INTERVAL_SECONDS="60")
     victim.signal(signal.SIGKILL)
-    victim.popen.wait(timeout=10)
+    victim.wait(timeout=scaled(10))
     killed_at = time.time()
 
     def taken_over() -> bool:
-        assert survivor.popen.poll() is None, survivor.log()[-3000:]
+        assert survivor.poll() is None, survivor.log()[-3000:]
         return fleet.handled_by_all(ids, survivor.worker_id, after=killed_at)
 
-    wait_until(taken_over, 2 * CRASH_BOUND + 30, "the survivor to take over all 100")
+    wait_until(taken_over, scaled(2 * CRASH_BOUND + 30), "the survivor to take over all 100")
     survivor.signal(signal.SIGTERM)
-    assert survivor.popen.wait(timeout=60) == 0, survivor.log()[-3000:]
+    assert survivor.wait(timeout=scaled(60)) == 0, survivor.log()[-3000:]
     documents = emf_documents(survivor)
     assert documents
     for document in documents:
@@ -87,10 +88,12 @@ def test_sigterm_with_a_slow_handler_releases_with_the_final_checkpoint(fleet: F
     for cid in ids:
         fleet.start_connection(cid)
     wait_until(
-        lambda: all(fleet.handled_seqs(cid) for cid in ids), 30, "a first slow call to return"
+        lambda: all(fleet.handled_seqs(cid) for cid in ids),
+        scaled(30),
+        "a first slow call to return",
     )
     worker.signal(signal.SIGTERM)
-    assert worker.popen.wait(timeout=2 * TIMING.shutdown_budget) == 0
+    assert worker.wait(timeout=scaled(2 * TIMING.shutdown_budget)) == 0
     for cid in ids:
         item = fleet.item(cid)
         assert item.lease_owner is None, cid
@@ -108,15 +111,17 @@ def test_stop_then_start_with_the_same_url_redelivers_nothing(fleet: Fleet, tmp_
         "w", RECONCILE_SECONDS="30", RECORD_GATE_SEQ="4", RECORD_GATE_FILE=str(gate)
     )
     fleet.start_connection("again")
-    wait_until(lambda: fleet.highest_seq("again") >= 4, 15, "seq 4 to be in flight")
-    fleet.control.stop("again", int(time.time() * 1000))
-    wait_until(lambda: "renew refused" in worker.log(), 2 * TIMING.heartbeat + 2, "the stop")
+    wait_until(lambda: fleet.highest_seq("again") >= 4, scaled(15), "seq 4 to be in flight")
+    fleet.stop_connection("again")
+    wait_until(
+        lambda: "renew refused" in worker.log(), scaled(2 * TIMING.heartbeat + 2), "the stop"
+    )
     fleet.start_connection("again")
     gate.touch()
     restarted_at = time.time()
     wait_until(
         lambda: fleet.highest_seq("again") >= 10,
-        2 * (TIMING.heartbeat + 1.0) + 2,
+        scaled(2 * (TIMING.heartbeat + 1.0) + 2),
         "the restarted connection to flow",
     )
     print(f"restart to flowing again: {time.time() - restarted_at:.2f} s")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -16,6 +16,13 @@ import pytest
 
 from lambdas.router.main import service
 from local_stack import api_server
+from local_stack.process_env import (
+    Endpoints,
+    is_foreign_aws_setting,
+    local_aws_settings,
+    local_router_settings,
+)
+from tests.support.timing import scaled
 
 LOCAL_ALLOWED_HOSTS = "127.0.0.1,localhost,*.example.com"
 
@@ -37,33 +44,25 @@ def local_router(
     sqs_endpoint: str,
     allowed_hosts: str = LOCAL_ALLOWED_HOSTS,
 ) -> Iterator[str]:
-    """Serve the router on a free loopback port; yields its base URL."""
-    for name, value in {
-        "TABLE_NAME": table,
-        "QUEUE_URL": queue_url,
-        "ALLOWED_UPSTREAM_HOSTS": allowed_hosts,
-        "ALLOW_INSECURE_WS": "true",
-        "AWS_ENDPOINT_URL_DYNAMODB": dynamodb_endpoint,
-        "AWS_ENDPOINT_URL_SQS": sqs_endpoint,
-        "AWS_ACCESS_KEY_ID": "local",
-        "AWS_SECRET_ACCESS_KEY": "local",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
+    """Serve the router on a free loopback port, in this process (the handler reads its
+    settings from this process's environment, set here for the test); yields its base
+    URL."""
+    for name in [name for name in os.environ if is_foreign_aws_setting(name)]:
+        monkeypatch.delenv(name)
+    settings = {
+        **local_aws_settings(Endpoints(dynamodb_endpoint, sqs_endpoint)),
+        **local_router_settings(table=table, queue_url=queue_url, allowed_hosts=allowed_hosts),
+    }
+    for name, value in settings.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     service.cache_clear()
-    # The adapter keeps socketserver's listen backlog of 5: a burst of 20 clients then
-    # gets connection resets before any request is read (reported against
-    # local_stack/api_server.py). A deeper backlog lets the tests send real bursts.
-    monkeypatch.setattr(ThreadingHTTPServer, "request_queue_size", 128)
     server, thread = api_server.serve_router("127.0.0.1", 0)
     try:
         yield f"http://127.0.0.1:{server.server_port}"
     finally:
         server.shutdown()
         server.server_close()
-        thread.join(timeout=10)
+        thread.join(timeout=scaled(10))
         service.cache_clear()
 
 
@@ -75,12 +74,12 @@ def request(
     *,
     raw: bytes | None = None,
     headers: dict[str, str] | None = None,
-    timeout: float = 15.0,
+    timeout: float | None = None,
 ) -> Answer:
     """One HTTP request on a fresh connection; ``body`` is sent as JSON, ``raw`` as is."""
     parts = urlsplit(base_url)
     connection = http.client.HTTPConnection(
-        parts.hostname or "127.0.0.1", parts.port, timeout=timeout
+        parts.hostname or "127.0.0.1", parts.port, timeout=timeout or scaled(15)
     )
     payload = raw if raw is not None else (None if body is None else json.dumps(body).encode())
     sent = {"Content-Type": "application/json", **(headers or {})}

@@ -1,136 +1,63 @@
-"""A fleet of real ``python -m worker`` processes against DynamoDB Local, moto SQS
-and the demo feed, with scaled timings, for tests."""
+"""A fleet of real ``python -m worker`` processes against DynamoDB Local, moto SQS and
+the demo feed, with scaled timings, for tests: a :class:`local_stack.fleet.Deployment`
+plus questions about what its workers recorded."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from local_stack.audit import Record, load_records
-from wsfleet.desired_state import DesiredStateStore, StartOutcome
+from local_stack.clock import now_ms, wait_until
+from local_stack.fleet import Deployment, feed_url
+from local_stack.process_env import Endpoints
+from local_stack.recording import handled_seqs
+from local_stack.workers import WORKER_READY_TIMEOUT_S, WorkerProcess, wait_ready
+from tests.support.timing import scaled
+from worker import config as worker_settings
 from wsfleet.item import ConnectionItem
-from wsfleet.lease_store import LeaseStore
-from wsfleet.start_messages import START, StartMessage
 from wsfleet.timing import LeaseTiming
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+__all__ = ["LEASE_SECONDS", "TIMING", "Fleet", "WorkerProcess", "now_ms", "wait_until"]
+
 LEASE_SECONDS = 2.0
 TIMING = LeaseTiming.from_lease(LEASE_SECONDS)
+#: Every test worker: scaled lease, quick polls and metrics, the recording handler.
+WORKER_SETTINGS = {
+    worker_settings.LEASE_SECONDS: str(LEASE_SECONDS),
+    worker_settings.SQS_WAIT_SECONDS: "1",
+    worker_settings.METRICS_INTERVAL_SECONDS: "1",
+}
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05):
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+class Fleet(Deployment):
+    """One test's deployment: its workers start on demand, its connections start on
+    streams of the session's feed."""
 
+    def __init__(
+        self, endpoints: Endpoints, work_dir: Path, *, table: str, queue: str, feed_base: str
+    ) -> None:
+        super().__init__(endpoints, work_dir, table=table, queue=queue)
+        self.feed_base = feed_base
+        self.worker_defaults.update({**WORKER_SETTINGS, **self.recording()})
 
-@dataclass
-class WorkerProcess:
-    worker_id: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-
-    def signal(self, signum: signal.Signals) -> None:
-        self.popen.send_signal(signum)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
-@dataclass
-class Fleet:
-    ddb: Any
-    sqs: Any
-    table: str
-    queue_url: str
-    dlq_url: str
-    feed_url: str
-    endpoints: dict[str, str]
-    work_dir: Path
-    workers: list[WorkerProcess] = field(default_factory=list)
-
-    @property
-    def record_dir(self) -> Path:
-        return self.work_dir / "records"
-
-    @property
-    def leases(self) -> LeaseStore:
-        return LeaseStore(self.ddb, self.table, TIMING)
-
-    @property
-    def control(self) -> DesiredStateStore:
-        return DesiredStateStore(self.ddb, self.table)
-
-    def start_worker(self, name: str, **env: str) -> WorkerProcess:
+    def start_worker(self, name: str, **settings: str) -> WorkerProcess:
+        """Launch a worker (id ``<name>-<n>``) with ``settings`` on top of the test
+        settings, and wait until it runs."""
         worker_id = f"{name}-{len(self.workers)}"
-        log_path = self.work_dir / f"{worker_id}.log"
-        environment = {
-            **os.environ,
-            "AWS_ACCESS_KEY_ID": "local",
-            "AWS_SECRET_ACCESS_KEY": "local",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL_DYNAMODB": self.endpoints["dynamodb"],
-            "AWS_ENDPOINT_URL_SQS": self.endpoints["sqs"],
-            "AWS_ENDPOINT_URL_CLOUDWATCH": self.endpoints["sqs"],
-            "TABLE_NAME": self.table,
-            "QUEUE_URL": self.queue_url,
-            "WORKER_ID": worker_id,
-            "LEASE_SECONDS": str(LEASE_SECONDS),
-            "SQS_WAIT_SECONDS": "1",
-            "METRICS_INTERVAL_SECONDS": "1",
-            "HEALTH_FILE": str(self.work_dir / f"{worker_id}.alive"),
-            "HANDLER": "tests.support.recording_handler:factory",
-            "RECORD_DIR": str(self.record_dir),
-            "PYTHONPATH": str(REPO_ROOT),
-            **env,
-        }
-        with log_path.open("wb") as log:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "worker"],
-                cwd=REPO_ROOT,
-                env=environment,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        process = WorkerProcess(worker_id, popen, log_path)
-        self.workers.append(process)
-        wait_until(
-            lambda: "worker started" in process.log() or popen.poll() is not None,
-            30,
-            f"{worker_id} to start",
-        )
-        assert popen.poll() is None, process.log()
-        return process
+        worker = self.launch_worker(worker_id, self.worker_env(worker_id, settings))
+        wait_ready([worker], scaled(WORKER_READY_TIMEOUT_S))
+        return worker
 
     def feed(self, name: str, **params: object) -> str:
-        query = "&".join(f"{k}={v}" for k, v in params.items())
-        return f"{self.feed_url}/{name}" + (f"?{query}" if query else "")
+        return feed_url(self.feed_base, name, params)
 
-    def start_connection(self, connection_id: str, ws_url: str | None = None) -> StartOutcome:
-        """What the router does: write the desired state, then send one start hint."""
-        url = ws_url or self.feed(connection_id)
-        outcome = self.control.start(connection_id, url, now_ms()).outcome
-        if outcome.sends_start_message:
-            self.sqs.send_message(
-                QueueUrl=self.queue_url, MessageBody=StartMessage(START, connection_id).to_body()
-            )
-        return outcome
+    def start_connection(self, connection_id: str, ws_url: str | None = None) -> dict[str, Any]:
+        """Through the router; the stream of the same name by default."""
+        return super().start_connection(connection_id, ws_url or self.feed(connection_id))
 
     def item(self, connection_id: str) -> ConnectionItem:
-        found = self.leases.get(connection_id)
+        found = super().item(connection_id)
         assert found is not None, connection_id
         return found
 
@@ -143,14 +70,8 @@ class Fleet:
         }
 
     def handled_seqs(self, connection_id: str) -> list[int]:
-        """Seqs whose handler call returned (``handled-*.txt`` of the recording handler)."""
-        seqs: list[int] = []
-        for path in sorted(self.record_dir.glob("handled-*.txt")):
-            for line in path.read_text().splitlines():
-                cid, _, seq = line.partition(" ")
-                if cid == connection_id and seq.isdigit():
-                    seqs.append(int(seq))
-        return seqs
+        """Seqs whose handler call returned."""
+        return handled_seqs(self.record_dir, connection_id)
 
     def handled_by_all(self, connection_ids: list[str], worker_id: str, *, after: float) -> bool:
         """Every connection has a delivery by ``worker_id`` after ``after``."""
@@ -172,18 +93,3 @@ class Fleet:
 
     def owners(self, connection_ids: list[str]) -> dict[str, str | None]:
         return {cid: self.item(cid).lease_owner for cid in connection_ids}
-
-    def stop_all(self) -> None:
-        for worker in self.workers:
-            if worker.popen.poll() is None:
-                try:
-                    worker.popen.send_signal(signal.SIGCONT)
-                    worker.popen.terminate()
-                    worker.popen.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    worker.popen.kill()
-                    worker.popen.wait(timeout=15)
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000

@@ -5,9 +5,12 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+
+from tests.support.timing import scaled
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,18 +19,22 @@ def interrupt(process: subprocess.Popen[str]) -> tuple[str, str]:
     """SIGINT (our runners then stop their children in order), SIGKILL after 30 s."""
     process.send_signal(signal.SIGINT)
     try:
-        return process.communicate(timeout=30)
+        return process.communicate(timeout=scaled(30))
     except subprocess.TimeoutExpired:
         process.kill()
         return process.communicate()
 
 
-def run_module(module: str, args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """``python -m module args`` to completion. On a hang, or when the test itself is
-    interrupted, the child is stopped first, so a broken run leaks no servers."""
+def run_module(
+    module: str, args: list[str], timeout: float, *, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` to completion (with ``env`` if given, else this
+    process's environment). On a hang, or when the test itself is interrupted, the
+    child is stopped first, so a broken run leaks no servers."""
     process = subprocess.Popen(
         [sys.executable, "-m", module, *args],
         cwd=REPO_ROOT,
+        env=None if env is None else dict(env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -14,7 +14,6 @@ from local_stack.fleet_view import (
     held_by,
     render_lines,
     summary,
-    summary_line,
     views_of,
 )
 from wsfleet.item import ConnectionItem
@@ -247,9 +246,10 @@ def test_summary() -> None:
     )
 
 
-def test_summary_line_of_items_has_no_rates() -> None:
+def test_summary_of_items_without_rates() -> None:
     # The report after shutdown: released leases, final checkpoints, no rates.
     items = [item("demo-1", last_seq=77), item("demo-2", last_seq=76)]
-    assert summary_line(items, None, 0.0, NOW_MS, [WorkerStatus("w-1", 0)]) == (
+    views = views_of(items, NOW_MS)
+    assert summary(views, {}, [WorkerStatus("w-1", 0)]) == (
         "workers 0/1 alive | 2 connections, 0 owned | demo-1 seq=77 owner=-; demo-2 seq=76 owner=-"
     )

@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from tests.support.timing import scaled
 from worker.health import is_healthy, stamp, stamp_age
 
 
@@ -20,13 +21,17 @@ def test_stamp_and_age(tmp_path):
     path = tmp_path / "alive"
     assert stamp_age(path, time.time()) is None
     stamp(path)
-    assert 0 <= stamp_age(path, time.time()) < 5
+    assert 0 <= stamp_age(path, time.time()) < scaled(5)
 
 
 def run_check(tmp_path, path, lease="2"):
     env = os.environ | {"HEALTH_FILE": str(path), "LEASE_SECONDS": lease}
     return subprocess.run(
-        [sys.executable, "-m", "worker.health"], env=env, capture_output=True, text=True, timeout=30
+        [sys.executable, "-m", "worker.health"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=scaled(30),
     )
 
 

@@ -1,9 +1,9 @@
 import io
 import json
-import time
 
 import pytest
 
+from local_stack.clock import now_ms
 from worker.metrics import FleetMetrics
 from wsfleet import metric_names as m
 
@@ -26,8 +26,8 @@ def test_emf_line_has_exactly_the_scaling_dimensions(monkeypatch):
     metrics, out = make()
     metrics.count(m.MESSAGES_PROCESSED, 7)
     metrics.takeover_latency(1234)
-    now_ms = int(time.time() * 1000)
-    metrics.flush(timestamp_ms=now_ms)
+    flushed_at = now_ms()
+    metrics.flush(timestamp_ms=flushed_at)
     doc = json.loads(out.getvalue())
     directive = doc["_aws"]["CloudWatchMetrics"][0]
     assert directive["Namespace"] == "WebSocketFleet"
@@ -35,7 +35,7 @@ def test_emf_line_has_exactly_the_scaling_dimensions(monkeypatch):
     assert "service" not in doc
     assert doc["Service"] == "websocket-fleet"
     assert doc["TaskId"] == "task-1"
-    assert doc["_aws"]["Timestamp"] == now_ms
+    assert doc["_aws"]["Timestamp"] == flushed_at
     names = {d["Name"]: d["Unit"] for d in directive["Metrics"]}
     assert names[m.ACTIVE_CONNECTIONS] == "Count"
     assert names[m.TAKEOVER_LATENCY_MS] == "Milliseconds"
@@ -82,7 +82,7 @@ def test_a_mass_takeover_never_breaks_the_flush(capsys, takeovers):
     metrics.count(m.LEASES_ACQUIRED, takeovers)
     for ms in range(takeovers):
         metrics.takeover_latency(1000 + ms)
-    documents = metrics.flush(timestamp_ms=int(time.time() * 1000))
+    documents = metrics.flush(timestamp_ms=now_ms())
     assert capsys.readouterr().out == ""  # nothing printed outside our stream
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert lines == documents

@@ -22,8 +22,9 @@ from local_stack.api_server import LocalContext
 from local_stack.resources import Queues
 from tests.router.fixtures import StateSnapshot, snapshot
 from tests.router.local_api import Answer, request
+from tests.support.timing import scaled
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(scaled(300))
 
 FUZZ = settings(
     max_examples=300,

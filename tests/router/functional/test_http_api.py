@@ -4,7 +4,6 @@ moto's SQS server."""
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
@@ -13,15 +12,18 @@ from urllib.parse import urlencode
 
 import pytest
 
+from local_stack.clock import now_ms
 from local_stack.resources import Queues
+from local_stack.services import local_client
 from tests.router.fixtures import drain_start_messages, snapshot
 from tests.router.local_api import Answer, request
+from tests.support.timing import scaled
 from wsfleet.lease_rules import Lease
 from wsfleet.lease_store import LeaseStore
 from wsfleet.start_messages import StartMessage
 from wsfleet.timing import LeaseTiming
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(scaled(120))
 
 FEED = "ws://127.0.0.1:8765/stream-a"
 FEED_B = "ws://127.0.0.1:8765/stream-b"
@@ -99,7 +101,7 @@ def test_list_paginates_across_pages(api: str) -> None:
 def test_twenty_concurrent_identical_starts_create_once(
     api: str, ddb: Any, sqs: Any, table: str, queues: Queues
 ) -> None:
-    barrier = threading.Barrier(20, timeout=30)
+    barrier = threading.Barrier(20, timeout=scaled(30))
 
     def one() -> Answer:
         barrier.wait()
@@ -119,7 +121,7 @@ def test_concurrent_requests_each_get_their_own_answer(api: str) -> None:
     ids = [f"mixed-{i}" for i in range(12)]
     for connection_id in ids:
         start(api, connection_id, f"ws://127.0.0.1:8765/{connection_id}")
-    barrier = threading.Barrier(len(ids) * 2, timeout=30)
+    barrier = threading.Barrier(len(ids) * 2, timeout=scaled(30))
 
     def get(connection_id: str) -> tuple[str, Answer]:
         barrier.wait()
@@ -131,7 +133,7 @@ def test_concurrent_requests_each_get_their_own_answer(api: str) -> None:
 
     with ThreadPoolExecutor(max_workers=len(ids) * 2) as pool:
         futures = [pool.submit(get, cid) for cid in ids] + [pool.submit(refused, c) for c in ids]
-        results = [f.result(timeout=60) for f in futures]
+        results = [f.result(timeout=scaled(60)) for f in futures]
 
     for connection_id, answer in results[: len(ids)]:
         assert answer.status == 200, answer
@@ -152,7 +154,7 @@ def test_repeated_stops_and_starts_stay_consistent(api: str, sqs: Any, queues: Q
 def checkpoint(ddb: Any, table: str, connection_id: str, last_seq: int) -> Lease:
     """Take the lease as a worker would, checkpoint ``last_seq`` and release it."""
     store = LeaseStore(ddb, table, LeaseTiming.from_lease(2.0))
-    now = time.time_ns() // 1_000_000
+    now = now_ms()
     lease = store.acquire(connection_id, "test-worker", now)
     assert isinstance(lease, Lease), lease
     store.renew(lease, last_seq, now + 1)
@@ -239,8 +241,6 @@ def test_racing_starts_are_decided_by_conditional_writes(
     """The adapter resolves one request at a time (Powertools keeps request state in
     class attributes), so this races the service itself: 20 threads, each with its own
     clients, as 20 Lambda containers would."""
-    import boto3
-
     from lambdas.router.service import ConnectionConflictError, ConnectionService
     from lambdas.router.settings import RouterSettings
     from wsfleet.desired_state import StartOutcome
@@ -253,18 +253,15 @@ def test_racing_starts_are_decided_by_conditional_writes(
             "ALLOW_INSECURE_WS": "true",
         }
     )
-    session = boto3.Session(
-        region_name="us-east-1", aws_access_key_id="local", aws_secret_access_key="local"
-    )
     clients = [
         (
-            session.client("dynamodb", endpoint_url=dynamodb_endpoint),
-            session.client("sqs", endpoint_url=moto_endpoint),
+            local_client("dynamodb", dynamodb_endpoint),
+            local_client("sqs", moto_endpoint),
         )
         for _ in range(20)
     ]
     services = [ConnectionService(dynamodb=d, sqs=q, settings=settings) for d, q in clients]
-    barrier = threading.Barrier(len(services), timeout=30)
+    barrier = threading.Barrier(len(services), timeout=scaled(30))
 
     def race(service: ConnectionService, url: str) -> StartOutcome:
         barrier.wait()

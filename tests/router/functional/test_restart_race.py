@@ -1,7 +1,7 @@
 """The start-after-stop race, end to end: two real workers (lease 2 s, heartbeat 0.5 s),
 the router over HTTP, DynamoDB Local, moto SQS and the demo feed.
 
-A connection is stopped and started again through the API right after its owner
+A connection is stopped and started again through the router's API right after its owner
 renewed, so the owner still holds the lease and has not seen the stop. The start
 bumps ``start_gen``; the owner's next renew fails on it, it closes and releases
 without writing its old checkpoint over the router's reset, and the connection runs
@@ -15,33 +15,29 @@ import time
 import pytest
 
 from local_stack.audit import Record, lost_seqs, stale_deliveries
-from tests.router.local_api import Answer, request
 from tests.support.fleet import TIMING, Fleet, wait_until
+from tests.support.timing import scaled
 from wsfleet.item import ConnectionItem
 
-pytestmark = [pytest.mark.fleet, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.fleet, pytest.mark.timeout(scaled(180))]
 
 STOP_BOUND = TIMING.heartbeat + 1.0
 RESTART_BOUND = 2 * STOP_BOUND + 1.0  # the owner notices, releases; someone re-acquires
 
 
-def start(api: str, connection_id: str, ws_url: str) -> Answer:
-    return request(api, "POST", "/connections", {"connection_id": connection_id, "ws_url": ws_url})
-
-
-def running(fleet: Fleet, api: str, connection_id: str, ws_url: str) -> ConnectionItem:
+def running(fleet: Fleet, connection_id: str, ws_url: str) -> ConnectionItem:
     """Two workers, the connection started over HTTP and flowing; returns its item."""
     fleet.start_worker("w")
     fleet.start_worker("w")
-    assert start(api, connection_id, ws_url).status == 201
-    fleet.wait_handling([connection_id], 15, min_seq=5)
+    assert fleet.start_connection(connection_id, ws_url)["outcome"] == "created"
+    fleet.wait_handling([connection_id], scaled(15), min_seq=5)
     item = fleet.item(connection_id)
     assert item.lease_owner is not None
     return item
 
 
 def restart_right_after_a_renew(
-    fleet: Fleet, api: str, connection_id: str, ws_url: str
+    fleet: Fleet, connection_id: str, ws_url: str
 ) -> tuple[ConnectionItem, float]:
     """Stop, then start with ``ws_url``, just after the owner renewed: the owner has a
     whole heartbeat before it can notice. Returns the item as the owner left it and
@@ -49,24 +45,23 @@ def restart_right_after_a_renew(
     seen = fleet.item(connection_id).lease_expires_at_ms
     wait_until(
         lambda: fleet.item(connection_id).lease_expires_at_ms != seen,
-        2 * TIMING.heartbeat + 1,
+        scaled(2 * TIMING.heartbeat + 1),
         "a renew",
         interval=0.01,
     )
     before = fleet.item(connection_id)
     began = time.monotonic()
-    assert request(api, "DELETE", f"/connections/{connection_id}").status == 202
-    restarted = start(api, connection_id, ws_url)
+    assert fleet.stop_connection(connection_id)["state"] == "STOPPED"
+    restarted = fleet.start_connection(connection_id, ws_url)
     restarted_at = time.time()
     took = time.monotonic() - began
-    assert restarted.status == 201, restarted
-    assert restarted.body["outcome"] == "restarted"
-    assert restarted.body["start_gen"] == before.start_gen + 1
-    assert restarted.body["ws_url"] == ws_url
+    assert restarted["outcome"] == "restarted", restarted
+    assert restarted["start_gen"] == before.start_gen + 1
+    assert restarted["ws_url"] == ws_url
     # The race really happened: the old owner still held the lease when it restarted.
     assert took < TIMING.heartbeat, f"stop + start took {took:.3f} s"
-    assert restarted.body["owner"] == before.lease_owner
-    assert restarted.body["epoch"] == before.lease_epoch
+    assert restarted["owner"] == before.lease_owner
+    assert restarted["epoch"] == before.lease_epoch
     return before, restarted_at
 
 
@@ -75,20 +70,20 @@ def first_delivery(records: list[Record], feed: str, after_epoch: int) -> Record
     return min(matching, key=lambda r: r.t) if matching else None
 
 
-def test_restart_with_a_new_url_runs_the_new_stream_from_its_start(fleet: Fleet, api: str) -> None:
-    running(fleet, api, "race", fleet.feed("stream-a"))
+def test_restart_with_a_new_url_runs_the_new_stream_from_its_start(fleet: Fleet) -> None:
+    running(fleet, "race", fleet.feed("stream-a"))
 
-    before, restarted_at = restart_right_after_a_renew(fleet, api, "race", fleet.feed("stream-b"))
+    before, restarted_at = restart_right_after_a_renew(fleet, "race", fleet.feed("stream-b"))
 
     first = wait_until(
         lambda: first_delivery(fleet.records(), "stream-b", before.lease_epoch),
-        RESTART_BOUND,
+        scaled(RESTART_BOUND),
         "the new stream to be handled",
     )
     print(f"restart to first new-stream delivery: {first.t - restarted_at:.3f} s")
     wait_until(
         lambda: any(r.feed == "stream-b" and r.seq >= 10 for r in fleet.records()),
-        15,
+        scaled(15),
         "the new stream to flow",
     )
     records = fleet.records()
@@ -105,26 +100,26 @@ def test_restart_with_a_new_url_runs_the_new_stream_from_its_start(fleet: Fleet,
         item = fleet.item("race")
         return item if item.last_seq >= 5 else None
 
-    item = wait_until(checkpointed_on_b, 15, "a checkpoint on the new stream")
+    item = wait_until(checkpointed_on_b, scaled(15), "a checkpoint on the new stream")
     assert item.ws_url == fleet.feed("stream-b")
     assert (item.desired_state, item.start_gen) == ("STARTED", before.start_gen + 1)
     assert item.lease_epoch > before.lease_epoch
     assert item.last_seq <= max(r.seq for r in fleet.records() if r.feed == "stream-b")
 
 
-def test_restart_with_the_same_url_continues_without_loss(fleet: Fleet, api: str) -> None:
-    running(fleet, api, "steady", fleet.feed("stream-s"))
+def test_restart_with_the_same_url_continues_without_loss(fleet: Fleet) -> None:
+    running(fleet, "steady", fleet.feed("stream-s"))
 
-    before, restarted_at = restart_right_after_a_renew(fleet, api, "steady", fleet.feed("stream-s"))
+    before, restarted_at = restart_right_after_a_renew(fleet, "steady", fleet.feed("stream-s"))
 
     first = wait_until(
         lambda: first_delivery(fleet.records(), "stream-s", before.lease_epoch),
-        RESTART_BOUND,
+        scaled(RESTART_BOUND),
         "handling under a newer epoch",
     )
     print(f"restart to first delivery under the new epoch: {first.t - restarted_at:.3f} s")
     target = fleet.highest_seq("steady") + 10
-    wait_until(lambda: fleet.highest_seq("steady") >= target, 15, "deliveries to continue")
+    wait_until(lambda: fleet.highest_seq("steady") >= target, scaled(15), "deliveries to continue")
     records = fleet.records()
     assert lost_seqs(records) == {}
     assert stale_deliveries(records) == []

@@ -1,8 +1,9 @@
 """The real router handler against in-process moto (DynamoDB and SQS): fine for
-single-threaded unit tests (DESIGN section 7)."""
+single-threaded unit tests (docs/DESIGN.md §7)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ from moto import mock_aws
 
 from lambdas.router.main import handler, service
 from local_stack.api_server import LocalContext
+from local_stack.process_env import is_foreign_aws_setting
 from local_stack.resources import create_connection_table, create_start_queue
 from tests.router.fixtures import (
     StateSnapshot,
@@ -26,13 +28,6 @@ from wsfleet.start_messages import StartMessage
 
 TABLE = "connections-unit"
 ALLOWED_HOSTS = "*.example.com,127.0.0.1"
-_AWS_SETTINGS = (
-    "AWS_PROFILE",
-    "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_DYNAMODB",
-    "AWS_ENDPOINT_URL_SQS",
-    "ALLOW_INSECURE_WS",
-)
 
 
 @dataclass
@@ -79,8 +74,10 @@ class Router:
 
 @pytest.fixture
 def router(monkeypatch: pytest.MonkeyPatch) -> Iterator[Router]:
-    for name in _AWS_SETTINGS:
-        monkeypatch.delenv(name, raising=False)
+    # In-process moto answers only while no endpoint or profile points boto3 elsewhere.
+    for name in [name for name in os.environ if is_foreign_aws_setting(name)]:
+        monkeypatch.delenv(name)
+    monkeypatch.delenv("ALLOW_INSECURE_WS", raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.timing import scaled
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = REPO_ROOT / "scripts" / "openapi.py"
 COMMITTED = REPO_ROOT / "docs" / "openapi.json"
@@ -81,7 +83,7 @@ def test_check_mode_exits_1_on_a_stale_file(tmp_path: Path) -> None:
             [sys.executable, str(SCRIPT), "--check", "--output", str(path)],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=scaled(60),
             check=False,
         )
         assert done.returncode == expected, done.stdout + done.stderr
