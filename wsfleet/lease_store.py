@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from wsfleet import lease_rules, schema
 from wsfleet.item import ConnectionItem
-from wsfleet.item_io import ConditionFailedError, get_connection, update_connection
+from wsfleet.item_io import ConditionFailedError, update_connection
 from wsfleet.lease_rules import (
     AcquireRefusal,
     ConditionalUpdate,
@@ -123,9 +123,6 @@ class LeaseStore:
         for key in self._query_keys(lease_rules.orphan_query(now_ms, self._timing), limit):
             found.append(schema.connection_id_of(key))
         return found
-
-    def get(self, connection_id: str, *, consistent: bool = True) -> ConnectionItem | None:
-        return get_connection(self._client, self._table, connection_id, consistent=consistent)
 
     # --- plumbing ----------------------------------------------------------------------
 
