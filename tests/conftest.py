@@ -14,6 +14,7 @@ from local_stack.fleet import CLIENT_CONFIG
 from local_stack.process_env import Endpoints
 from local_stack.resources import Queues, create_connection_table, create_start_queue
 from tests.router.local_api import local_router
+from tests.support.feed_log import FeedService
 from tests.support.fleet import Fleet
 from tests.support.timing import TIME_SCALE, scaled
 
@@ -95,12 +96,18 @@ def router_api(monkeypatch, table, queues, dynamodb_endpoint, moto_endpoint) -> 
 
 
 @pytest.fixture(scope="session")
-def feed_url(service_log_dir: Path) -> Iterator[str]:
-    """The demo feed as its own process, 20 messages/s per connection by default."""
+def feed_service(service_log_dir: Path) -> Iterator[FeedService]:
+    """The demo feed as its own process, 20 messages/s per connection by default; its
+    log tells when each stream was opened and closed (:mod:`tests.support.feed_log`)."""
     port = services.free_port()
     process = services.start_feed(port, service_log_dir, rate=20.0)
-    yield f"ws://127.0.0.1:{port}"
+    yield FeedService(f"ws://127.0.0.1:{port}", process.log_path)
     process.stop()
+
+
+@pytest.fixture(scope="session")
+def feed_url(feed_service: FeedService) -> str:
+    return feed_service.url
 
 
 @pytest.fixture
