@@ -413,7 +413,7 @@ class ConnectionRunner:
                 self._fenced("fence deadline passed before a handler call")
             if call is not Call.GO:
                 return False
-            failure = await self._call_handler(delivery)
+            failure = await self.call_handler(delivery)
             if failure is None:
                 state.call_returned(message.seq)
                 s.metrics.count(m.MESSAGES_PROCESSED)
@@ -437,9 +437,11 @@ class ConnectionRunner:
                 return True
             await asyncio.sleep(next(delays))
 
-    async def _call_handler(self, delivery: Delivery) -> BaseException | None:
-        """One handler call bounded by the call deadline; what it raised, if anything
-        (:class:`DeadlineReachedError` when the deadline cut it)."""
+    async def call_handler(self, delivery: Delivery) -> BaseException | None:
+        """One handler call, bounded by the call deadline (the fence deadline, or the
+        drain deadline once a graceful ending is decided; moved by renews while it
+        runs); what it raised, if anything (:class:`DeadlineReachedError` when the
+        deadline cut it). The reader makes every call through here."""
         self._idle.clear()
         scope = asyncio.timeout_at(self.state.call_deadline)
         try:
