@@ -28,11 +28,13 @@ import socket
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
+from websockets.http11 import Request, Response
 
 from local_stack.clock import now_ms
 
@@ -57,7 +59,8 @@ _FAULT_PARAMS = (
     "gap_after",
     "mute_after",
 )
-_KNOWN_PARAMS = frozenset(("from_seq", "rate", "count", *_FAULT_PARAMS))
+_KNOWN_PARAMS = frozenset(("from_seq", "rate", "count", "refuse", *_FAULT_PARAMS))
+_HTTP_STATUSES = frozenset(status.value for status in HTTPStatus)
 _DIGITS = re.compile(r"[0-9]+")
 # A close reason travels in a control frame of at most 125 bytes, two of them the code.
 _MAX_REASON_BYTES = 123
@@ -84,6 +87,8 @@ class FeedRequest:
     oversize_after: int | None = None
     gap_after: int | None = None
     mute_after: int | None = None
+    refuse: int | None = None
+    """An HTTP status (400-599) that answers the handshake instead of a stream."""
 
 
 def _parse_int(name: str, raw: str, minimum: int) -> int:
@@ -123,6 +128,8 @@ def parse_request(path: str, default_rate: float) -> FeedRequest:
     - ``gap_after=N``: skip one seq after N messages, then go on.
     - ``mute_after=N``: after N messages stop reading the socket (pings go unanswered)
       and stop sending, keeping the TCP connection open.
+    - ``refuse=STATUS`` (a known HTTP status 400-599): answer the opening handshake with this HTTP
+      status instead of upgrading, as an upstream that refuses the path would.
 
     All fault counts are ints >= 0. Raises :class:`FeedRequestError` for an unknown,
     repeated or malformed parameter, so a typo never silently turns a fault off.
@@ -157,7 +164,31 @@ def parse_request(path: str, default_rate: float) -> FeedRequest:
         oversize_after=optional_int("oversize_after", 0),
         gap_after=optional_int("gap_after", 0),
         mute_after=optional_int("mute_after", 0),
+        refuse=_parse_status(params["refuse"]) if "refuse" in params else None,
     )
+
+
+def _parse_status(raw: str) -> int:
+    status = _parse_int("refuse", raw, 400)
+    # websockets answers only the statuses http.HTTPStatus names.
+    if status > 599 or status not in _HTTP_STATUSES:
+        raise FeedRequestError(f"refuse must be a known HTTP status 400-599, got {raw!r}")
+    return status
+
+
+def _refusal(
+    connection: ServerConnection, request: Request, default_rate: float
+) -> Response | None:
+    """The handshake's answer for ``refuse=STATUS``; None lets the handshake go on
+    (a malformed request is refused by the handler, with a close reason)."""
+    try:
+        parsed = parse_request(request.path, default_rate)
+    except FeedRequestError:
+        return None
+    if parsed.refuse is None:
+        return None
+    logger.info("refused %r with HTTP %d", request.path, parsed.refuse)
+    return connection.respond(parsed.refuse, f"refused: {parsed.refuse}\n")
 
 
 def feed_value(feed: str, seq: int) -> int:
@@ -304,10 +335,14 @@ async def serve_feed(host: str, port: int, default_rate: float) -> Server:
     async def handler(ws: ServerConnection) -> None:
         await _handle(ws, default_rate)
 
+    def process_request(connection: ServerConnection, request: Request) -> Response | None:
+        return _refusal(connection, request, default_rate)
+
     return await serve(
         handler,
         host,
         port,
+        process_request=process_request,
         ping_interval=None,
         compression=None,
         max_size=CLIENT_MAX_SIZE,

@@ -113,9 +113,9 @@ def _worker_alarms(f: MonitoredFleet) -> list[AlarmSpec]:
             periods=renew_periods,
             datapoints=renew_datapoints,
         ),
-        # ConnectionsFailed (connections in `failed`) belongs here once the worker
-        # publishes that metric: add its name to wsfleet.metric_names, an AlarmSpec
-        # here and its runbook row in README.md.
+        # ConnectionsFailed (connections parked, docs/DESIGN.md §3.3.1) is published
+        # by the worker (wsfleet.metric_names.CONNECTIONS_FAILED); its alarm belongs
+        # here, with its runbook row in README.md, as a change of its own.
         AlarmSpec(
             "NoWorkerRunning",
             f.container_insights("RunningTaskCount", statistic=cw.Stats.MINIMUM),

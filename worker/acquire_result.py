@@ -11,6 +11,8 @@ class AcquireResult(enum.Enum):
     HELD = "held"
     """Another worker holds a live lease."""
     STOPPED = "stopped"
+    PARKED = "parked"
+    """Its upstream was given up on; nobody takes it until the router re-arms it."""
     UNKNOWN_ID = "unknown_id"
     NO_CAPACITY = "no_capacity"
     CLOSING = "closing"

@@ -31,6 +31,7 @@ HEALTH_FILE: Final = "HEALTH_FILE"
 SQS_WAIT_SECONDS: Final = "SQS_WAIT_SECONDS"
 PING_INTERVAL_SECONDS: Final = "PING_INTERVAL_SECONDS"
 MAX_MESSAGE_BYTES: Final = "MAX_MESSAGE_BYTES"
+UPSTREAM_FAIL_AFTER_SECONDS: Final = "UPSTREAM_FAIL_AFTER_SECONDS"
 LOG_LEVEL: Final = "LOG_LEVEL"
 
 DEFAULT_HEALTH_FILE: Final = "/tmp/websocket-fleet-worker.alive"
@@ -58,6 +59,9 @@ class WorkerConfig:
     sqs_wait_seconds: int = 10
     ping_interval: float = 5.0
     max_message_bytes: int = 1 << 20
+    upstream_fail_after: float = 600.0
+    """Seconds of failed upstream attempts with no message handled before a connection
+    is parked (docs/DESIGN.md §4.4)."""
     log_level: str = "INFO"
 
     @classmethod
@@ -90,6 +94,7 @@ class WorkerConfig:
             sqs_wait_seconds=sqs_wait,
             ping_interval=_positive_float(env, PING_INTERVAL_SECONDS, max(timing.heartbeat, 1.0)),
             max_message_bytes=_int(env, MAX_MESSAGE_BYTES, 1 << 20),
+            upstream_fail_after=_positive_float(env, UPSTREAM_FAIL_AFTER_SECONDS, 600.0),
             log_level=(env.get(LOG_LEVEL) or "INFO").upper(),
         )
 

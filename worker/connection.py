@@ -27,6 +27,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from worker.connection_state import Call, ConnectionState, Ending, Failure, Frame, RenewStep
 from worker.delivery import Delivery, Handler
 from worker.metrics import FleetMetrics
+from worker.upstream_failures import FailingClock, Verdict
 from worker.upstream_protocol import Message, Reply, Unreadable, UpstreamProtocol
 from wsfleet import metric_names as m
 from wsfleet.backoff import backoff_delays
@@ -74,6 +75,9 @@ class ConnectionSettings:
     ping_interval: float = 5.0
     max_message_bytes: int = 1 << 20
     open_timeout: float = 10.0
+    fail_after: float = 600.0
+    """Seconds of failed attempts with no message handled before a connection is
+    parked (``UPSTREAM_FAIL_AFTER_SECONDS``)."""
 
 
 class ConnectionRunner:
@@ -92,6 +96,12 @@ class ConnectionRunner:
         self._idle.set()
         self._handler_scope: asyncio.Timeout | None = None
         self._closed: asyncio.Task[None] | None = None
+        self.failing = FailingClock(
+            fail_after_ms=round(settings.fail_after * 1000),
+            failing_since_ms=lease.failing_since_ms,
+        )
+        self.parked_reason: str | None = None
+        """Set with the ``PARKED`` ending: what the park write records."""
 
     @property
     def connection_id(self) -> str:
@@ -226,6 +236,8 @@ class ConnectionRunner:
                 "epoch": self.lease.epoch,
                 "ending": ending.value,
                 "released": released is not None and released.released,
+                "parked": released is not None and released.parked,
+                "parked_reason": self.parked_reason,
                 "last_seq": self.checkpoint,
             },
         )
@@ -258,9 +270,19 @@ class ConnectionRunner:
         )
         while True:
             try:
-                released = await loop.run_in_executor(
-                    None, s.store.release, self.lease, self.checkpoint, s.wall_ms()
-                )
+                if self.parked_reason is not None:
+                    released = await loop.run_in_executor(
+                        None,
+                        s.store.park,
+                        self.lease,
+                        self.checkpoint,
+                        self.parked_reason,
+                        s.wall_ms(),
+                    )
+                else:
+                    released = await loop.run_in_executor(
+                        None, s.store.release, self.lease, self.checkpoint, s.wall_ms()
+                    )
             except Exception as error:
                 delay = next(delays)
                 if loop.time() + delay >= give_up_at:
@@ -278,6 +300,8 @@ class ConnectionRunner:
                 continue
             if released.released:
                 s.metrics.count(m.LEASES_RELEASED)
+            if released.parked:
+                s.metrics.count(m.CONNECTIONS_FAILED)
             return released
 
     # --- renewing ----------------------------------------------------------------------
@@ -339,6 +363,7 @@ class ConnectionRunner:
         while not self._stop_requested():
             url = s.protocol.resume_url(self.lease.ws_url, self.checkpoint)
             delivered_before = self.checkpoint
+            failure: Exception | None = None
             try:
                 async with connect(
                     url,
@@ -359,16 +384,64 @@ class ConnectionRunner:
                         if not await self._on_frame(ws, data):
                             break
             except Exception as error:
+                failure = error
                 log.warning(
                     "upstream connection failed",
                     extra={"connection_id": self.connection_id, "error": repr(error)},
                 )
             if self._stop_requested():
                 return
-            s.metrics.count(m.UPSTREAM_RECONNECTS)
+            park_in: float | None = None
             if self.checkpoint > delivered_before:
                 delays = backoff_delays(initial=0.25, maximum=30.0, rng=s.rng.random)
-            await asyncio.sleep(next(delays))
+            else:
+                failed = self.failing.attempt_failed(failure, s.wall_ms())
+                if failed.verdict is Verdict.PARK:
+                    log.warning(
+                        "upstream given up on: parking the connection",
+                        extra={"connection_id": self.connection_id, "reason": failed.reason},
+                    )
+                    self.parked_reason = failed.reason
+                    self._end(Ending.PARKED)
+                    return
+                if failed.record:
+                    await self._mark_failing()
+                park_in = failed.park_in
+            s.metrics.count(m.UPSTREAM_RECONNECTS)
+            delay = next(delays)
+            if park_in is not None:
+                # The next attempt comes by the end of the failing time at the latest,
+                # so a 30 s backoff does not stretch it.
+                delay = min(delay, max(park_in, 0.05))
+            await asyncio.sleep(delay)
+
+    async def _mark_failing(self) -> None:
+        """Write when the failing streak began (once per streak): the next owner goes on
+        from there. A write that fails is tried again at the next failed attempt."""
+        since = self.failing.failing_since_ms
+        if since is None:  # pragma: no cover - attempt_failed has just set it
+            return
+        s = self._s
+        if await self._failing_write(s.store.record_failing_since, since, s.wall_ms()):
+            self.failing.recorded()
+
+    async def _clear_failing(self) -> None:
+        """A message was handled after a failing streak: remove the mark (one write; a
+        write that fails is tried again after the next handled message)."""
+        if await self._failing_write(self._s.store.clear_failing_since, self._s.wall_ms()):
+            self.failing.cleared()
+
+    async def _failing_write(self, write: Callable[..., bool], *args: int) -> bool:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._s.timing.heartbeat):
+                return await loop.run_in_executor(None, write, self.lease, *args)
+        except Exception as error:
+            log.warning(
+                "could not write the failing mark",
+                extra={"connection_id": self.connection_id, "error": repr(error)},
+            )
+            return False
 
     async def _on_frame(self, ws: ClientConnection, data: str | bytes) -> bool:
         """Act on one frame; False means: leave this upstream connection."""
@@ -417,6 +490,8 @@ class ConnectionRunner:
             if failure is None:
                 state.call_returned(message.seq)
                 s.metrics.count(m.MESSAGES_PROCESSED)
+                if self.failing.message_handled():
+                    await self._clear_failing()
                 return True
             hit_deadline = isinstance(failure, DeadlineReachedError)
             verdict = state.call_failed(message.seq, loop.time(), hit_deadline=hit_deadline)

@@ -31,11 +31,13 @@ class Ending(enum.Enum):
     GONE = "gone"
     LOST = "lost"
     FENCED = "fenced"
+    PARKED = "parked"
+    """The upstream was given up on (worker.upstream_failures): release and park it."""
 
     @property
     def graceful(self) -> bool:
         """The lease is ours: finish the handler call in flight, then release."""
-        return self in (Ending.SHUTDOWN, Ending.STOPPED, Ending.RESTARTED)
+        return self in (Ending.SHUTDOWN, Ending.STOPPED, Ending.RESTARTED, Ending.PARKED)
 
     @property
     def releases(self) -> bool:

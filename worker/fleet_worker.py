@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 _REFUSALS = {
     AcquireRefusal.HELD: AcquireResult.HELD,
     AcquireRefusal.STOPPED: AcquireResult.STOPPED,
+    AcquireRefusal.PARKED: AcquireResult.PARKED,
     AcquireRefusal.UNKNOWN_ID: AcquireResult.UNKNOWN_ID,
 }
 
@@ -85,6 +86,7 @@ class Worker:
             skip_failed_messages=config.handler_errors == "skip",
             ping_interval=config.ping_interval,
             max_message_bytes=config.max_message_bytes,
+            fail_after=config.upstream_fail_after,
         )
         self.queue = StartQueue(deps.sqs, config.queue_url, wait_seconds=config.sqs_wait_seconds)
         self.consumer = StartConsumer(
@@ -153,6 +155,7 @@ class Worker:
                 "epoch": result.epoch,
                 "last_seq": result.last_seq,
                 "takeover_latency_ms": result.takeover_latency_ms,
+                "failing_since_ms": result.failing_since_ms,
             },
         )
         runner = ConnectionRunner(self._settings, result, sent_at)

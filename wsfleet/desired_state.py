@@ -64,6 +64,9 @@ _START_NAMES = {
     "#created": schema.CREATED_AT_MS,
     "#updated": schema.UPDATED_AT_MS,
     "#ttl": schema.EXPIRES_AT,
+    "#parked": schema.PARKED_REASON,
+    "#parkedat": schema.PARKED_AT_MS,
+    "#failing": schema.FAILING_SINCE_MS,
 }
 
 
@@ -72,6 +75,7 @@ def start_update(
     now_ms: int,
     *,
     url_changed: bool,
+    rearm: bool = False,
     metadata: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The conditional write of a start.
@@ -81,6 +85,13 @@ def start_update(
     URL differs; the checkpoint of the old stream means nothing for the new one, so
     ``last_seq`` goes back to 0 and ``seq_gen`` goes up by one (a final checkpoint of
     the old stream, released late, must not land on the new one).
+
+    ``rearm=True``: the item is parked (docs/DESIGN.md §3.3.1), whatever its desired
+    state; the start re-arms it with the same two URL variants, removes the parked
+    and failing marks and puts the expiry back to 0, so the orphan query and the
+    acquire see it again. A parked item has no owner (the park released the lease and
+    nobody may take it), so resetting the expiry cannot cut a live lease short. The
+    other variants refuse a parked item, so only this one ever re-arms it.
     """
     values: dict[str, Any] = {
         ":started": schema.STARTED,
@@ -93,12 +104,13 @@ def start_update(
     sets = [
         "#state = :started",
         "#url = :url",
-        "#expiry = if_not_exists(#expiry, :zero)",
+        "#expiry = :zero" if rearm else "#expiry = if_not_exists(#expiry, :zero)",
         "#epoch = if_not_exists(#epoch, :zero)",
         "#created = if_not_exists(#created, :now)",
         "#updated = :now",
     ]
     adds = ["#gen :one"]
+    removes = ["#ttl"]
     if url_changed:
         sets.append("#seq = :zero")
         adds.append("#seqgen :one")
@@ -109,25 +121,52 @@ def start_update(
         names["#meta"] = schema.METADATA
         values[":meta"] = dict(metadata)
         sets.append("#meta = :meta")
-    if url_changed:
-        condition = "#state = :stopped AND #url <> :url"
+    if rearm:
+        removes += ["#parked", "#parkedat", "#failing"]
+        same_url = "#url <> :url" if url_changed else "#url = :url"
+        condition = f"attribute_exists(#parked) AND {same_url}"
         del names["#pk"]
+        del values[":stopped"]
     else:
-        condition = "attribute_not_exists(#pk) OR (#state = :stopped AND #url = :url)"
+        del names["#parkedat"], names["#failing"]
+        if url_changed:
+            condition = "#state = :stopped AND #url <> :url AND attribute_not_exists(#parked)"
+            del names["#pk"]
+        else:
+            condition = (
+                "attribute_not_exists(#pk)"
+                " OR (#state = :stopped AND #url = :url AND attribute_not_exists(#parked))"
+            )
     return {
-        "UpdateExpression": f"SET {', '.join(sets)} ADD {', '.join(adds)} REMOVE #ttl",
+        "UpdateExpression": (
+            f"SET {', '.join(sets)} ADD {', '.join(adds)} REMOVE {', '.join(removes)}"
+        ),
         "ConditionExpression": condition,
         "ExpressionAttributeNames": names,
         "ExpressionAttributeValues": {k: to_attribute(v) for k, v in values.items()},
     }
 
 
-def start_failure(old: ConnectionItem | None, ws_url: str) -> StartOutcome | None:
-    """Decide on a failed start write. ``None`` means: the other variant of the
-    write applies (the item is STOPPED with another URL, or appeared/vanished)."""
-    if old is None or not old.started:
-        return None
-    return StartOutcome.ALREADY_STARTED if old.ws_url == ws_url else StartOutcome.CONFLICT
+@dataclass(frozen=True, slots=True)
+class StartVariant:
+    """Which conditional start write applies to the item as last seen."""
+
+    url_changed: bool = False
+    rearm: bool = False
+
+
+def start_failure(old: ConnectionItem | None, ws_url: str) -> StartOutcome | StartVariant:
+    """Decide on a failed start write from the item that made it fail: the outcome,
+    or the variant of the write that applies to that item (a parked item, STOPPED or
+    not, is re-armed; a STOPPED one restarted; an item that vanished, created)."""
+    if old is None:
+        return StartVariant()
+    url_changed = old.ws_url != ws_url
+    if old.parked:
+        return StartVariant(url_changed=url_changed, rearm=True)
+    if not old.started:
+        return StartVariant(url_changed=url_changed)
+    return StartOutcome.CONFLICT if url_changed else StartOutcome.ALREADY_STARTED
 
 
 def stop_update(now_ms: int, ttl_seconds: int = STOPPED_TTL_SECONDS) -> dict[str, Any]:
@@ -166,18 +205,24 @@ class DesiredStateStore:
         *,
         metadata: Mapping[str, Any] | None = None,
     ) -> StartResult:
-        url_changed = False
+        variant = StartVariant()
         # Each failed write tells which variant applies next; a few rounds cover a
-        # concurrent stop or start flipping the state between two of our writes.
+        # concurrent stop or start (or a park) changing the item between two writes.
         for _ in range(self._ATTEMPTS):
-            update = start_update(ws_url, now_ms, url_changed=url_changed, metadata=metadata)
+            update = start_update(
+                ws_url,
+                now_ms,
+                url_changed=variant.url_changed,
+                rearm=variant.rearm,
+                metadata=metadata,
+            )
             try:
                 old = self._update(connection_id, update)
             except ConditionFailedError as failed:
                 decided = start_failure(failed.old, ws_url)
-                if decided is not None:
+                if isinstance(decided, StartOutcome):
                     return StartResult(decided, failed.old)
-                url_changed = failed.old is not None and failed.old.ws_url != ws_url
+                variant = decided
                 continue
             outcome = StartOutcome.CREATED if old is None else StartOutcome.RESTARTED
             return StartResult(outcome, old)

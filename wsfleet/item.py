@@ -28,6 +28,9 @@ _KNOWN = {
     schema.CREATED_AT_MS,
     schema.UPDATED_AT_MS,
     schema.EXPIRES_AT,
+    schema.PARKED_REASON,
+    schema.PARKED_AT_MS,
+    schema.FAILING_SINCE_MS,
 }
 
 
@@ -68,6 +71,9 @@ class ConnectionItem:
     created_at_ms: int | None = None
     updated_at_ms: int | None = None
     expires_at: int | None = None
+    parked_reason: str | None = None
+    parked_at_ms: int | None = None
+    failing_since_ms: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -87,12 +93,21 @@ class ConnectionItem:
             created_at_ms=_opt_int(plain.get(schema.CREATED_AT_MS)),
             updated_at_ms=_opt_int(plain.get(schema.UPDATED_AT_MS)),
             expires_at=_opt_int(plain.get(schema.EXPIRES_AT)),
+            parked_reason=plain.get(schema.PARKED_REASON),
+            parked_at_ms=_opt_int(plain.get(schema.PARKED_AT_MS)),
+            failing_since_ms=_opt_int(plain.get(schema.FAILING_SINCE_MS)),
             extra={k: v for k, v in plain.items() if k not in _KNOWN},
         )
 
     @property
     def started(self) -> bool:
         return self.desired_state == schema.STARTED
+
+    @property
+    def parked(self) -> bool:
+        """Its upstream was given up on (docs/DESIGN.md §3.3.1): no worker takes it
+        until the router re-arms it with a start."""
+        return self.parked_reason is not None
 
 
 def _opt_int(value: Any) -> int | None:

@@ -53,6 +53,9 @@ _NAMES = {
     "#gen": schema.START_GEN,
     "#seqgen": schema.SEQ_GEN,
     "#updated": schema.UPDATED_AT_MS,
+    "#parked": schema.PARKED_REASON,
+    "#parkedat": schema.PARKED_AT_MS,
+    "#failing": schema.FAILING_SINCE_MS,
 }
 
 
@@ -76,16 +79,18 @@ def acquire_update(owner: str, now_ms: int, timing: LeaseTiming, token: str) -> 
     """Take a STARTED connection whose lease is free or lapsed; the epoch goes up by one.
 
     ``token`` is random per acquire attempt (not per SDK retry of it): it is how a
-    failed condition tells "my own attempt had landed" from "I held this before"."""
+    failed condition tells "my own attempt had landed" from "I held this before".
+    A parked connection is refused: its lease is free, but its upstream was given up
+    on until the router re-arms it (§3.3.1)."""
     return ConditionalUpdate(
         update_expression=(
             "SET #owner = :me, #token = :token, #expiry = :expiry, #updated = :now ADD #epoch :one"
         ),
         condition_expression=(
-            "#state = :started AND (attribute_not_exists(#owner)"
+            "#state = :started AND attribute_not_exists(#parked) AND (attribute_not_exists(#owner)"
             " OR attribute_not_exists(#expiry) OR #expiry < :cutoff)"
         ),
-        names=_names("#state", "#owner", "#token", "#expiry", "#epoch", "#updated"),
+        names=_names("#state", "#parked", "#owner", "#token", "#expiry", "#epoch", "#updated"),
         values=_values(
             me=owner,
             token=token,
@@ -113,6 +118,9 @@ class Lease:
     """Set when the lease was taken over after lapsing (not a first start or a release)."""
     seq_gen: int = 0
     """The item's ``seq_gen`` when acquired: the final checkpoint belongs to it."""
+    failing_since_ms: int | None = None
+    """When the upstream began failing (no message handled since), as a previous owner
+    recorded it: the failing clock goes on from there instead of starting again."""
 
 
 def lease_won(old: ConnectionItem, owner: str, now_ms: int, timing: LeaseTiming) -> Lease:
@@ -128,6 +136,7 @@ def lease_won(old: ConnectionItem, owner: str, now_ms: int, timing: LeaseTiming)
         expires_at_ms=now_ms + timing.lease_ms,
         takeover_latency_ms=max(0, now_ms - old.lease_expires_at_ms) if lapsed_holder else None,
         seq_gen=old.seq_gen,
+        failing_since_ms=old.failing_since_ms,
     )
 
 
@@ -137,6 +146,8 @@ class AcquireRefusal(enum.Enum):
     HELD = "held"
     """Another worker holds a live lease (or won the race)."""
     STOPPED = "stopped"
+    PARKED = "parked"
+    """STARTED, but parked (§3.3.1): nobody takes it until the router re-arms it."""
     UNKNOWN_ID = "unknown_id"
 
 
@@ -162,9 +173,12 @@ def acquire_failure(old: ConnectionItem | None, owner: str, token: str) -> Acqui
             last_seq=old.last_seq,
             expires_at_ms=old.lease_expires_at_ms,
             seq_gen=old.seq_gen,
+            failing_since_ms=old.failing_since_ms,
         )
     if not old.started:
         return AcquireRefusal.STOPPED
+    if old.parked:
+        return AcquireRefusal.PARKED
     return AcquireRefusal.HELD
 
 
@@ -274,6 +288,102 @@ def release_failure(old: ConnectionItem | None, lease: Lease) -> ReleaseOutcome:
     return ReleaseOutcome.RETRY_WITHOUT_CHECKPOINT
 
 
+# --- parking and the failing clock ------------------------------------------------------
+#
+#   first failed connect ... failing_since_ms written (once per streak)
+#   |                        ... a handled message removes it (one write)
+#   |<-------- fail_after with no message handled -------->| park: the lease is
+#                                                           | released, expiry set
+#   router start (re-arm): parked fields removed, expiry 0  | to PARKED_EXPIRY_MS
+#   -> the orphan query and the acquire see it again        | and parked_reason set
+
+
+MAX_REASON_CHARS = 200
+"""A parked reason is a short sentence, never a dump."""
+
+
+def park_update(lease: Lease, last_seq: int, reason: str, now_ms: int) -> ConditionalUpdate:
+    """Give the lease back and park the connection: nobody takes it again until the
+    router re-arms it (§3.3.1).
+
+    Conditioned like a release with its checkpoint (owner, epoch, ``seq_gen``) and,
+    beyond it, on the start this holder runs (``STARTED`` under its ``start_gen``):
+    a stop or a start that came since is the router's newer word, which a park must
+    not overwrite; the caller then releases instead. The expiry goes to
+    :data:`~wsfleet.schema.PARKED_EXPIRY_MS`, which keeps the item out of the orphan
+    query; ``parked_reason`` makes the acquire refuse it.
+    """
+    return ConditionalUpdate(
+        update_expression=(
+            "REMOVE #owner, #token, #failing SET #expiry = :parked_expiry, #seq = :seq,"
+            " #parked = :reason, #parkedat = :now, #updated = :now"
+        ),
+        condition_expression=(
+            "#owner = :me AND #epoch = :epoch AND #seqgen = :seqgen"
+            " AND #state = :started AND #gen = :gen"
+        ),
+        names=_names(
+            "#owner",
+            "#token",
+            "#failing",
+            "#expiry",
+            "#seq",
+            "#parked",
+            "#parkedat",
+            "#updated",
+            "#epoch",
+            "#seqgen",
+            "#state",
+            "#gen",
+        ),
+        values=_values(
+            me=lease.owner,
+            epoch=lease.epoch,
+            seqgen=lease.seq_gen,
+            started=schema.STARTED,
+            gen=lease.start_gen,
+            parked_expiry=schema.PARKED_EXPIRY_MS,
+            seq=last_seq,
+            reason=reason[:MAX_REASON_CHARS],
+            now=now_ms,
+        ),
+    )
+
+
+class ParkOutcome(enum.Enum):
+    NOT_HELD = "not_held"
+    """Another owner or epoch, or no item: nothing of ours to park or release."""
+    RELEASE_INSTEAD = "release_instead"
+    """Still ours, but stopped or started again since (or its checkpoint was reset):
+    an ordinary release decides the checkpoint and notices the restart."""
+
+
+def park_failure(old: ConnectionItem | None, lease: Lease) -> ParkOutcome:
+    if old is None or old.lease_owner != lease.owner or old.lease_epoch != lease.epoch:
+        return ParkOutcome.NOT_HELD
+    return ParkOutcome.RELEASE_INSTEAD
+
+
+def failing_since_update(lease: Lease, since_ms: int, now_ms: int) -> ConditionalUpdate:
+    """Record when the upstream began failing, while the lease is this holder's."""
+    return ConditionalUpdate(
+        update_expression="SET #failing = :since, #updated = :now",
+        condition_expression="#owner = :me AND #epoch = :epoch",
+        names=_names("#failing", "#updated", "#owner", "#epoch"),
+        values=_values(since=since_ms, now=now_ms, me=lease.owner, epoch=lease.epoch),
+    )
+
+
+def failing_cleared_update(lease: Lease, now_ms: int) -> ConditionalUpdate:
+    """A message was handled again: the failing streak is over."""
+    return ConditionalUpdate(
+        update_expression="REMOVE #failing SET #updated = :now",
+        condition_expression="#owner = :me AND #epoch = :epoch",
+        names=_names("#failing", "#updated", "#owner", "#epoch"),
+        values=_values(now=now_ms, me=lease.owner, epoch=lease.epoch),
+    )
+
+
 def restarted_since(item: ConnectionItem, lease: Lease) -> bool:
     """The router started the connection again after ``lease`` was acquired (it is
     STARTED under a newer ``start_gen``): whoever notices first, renew or release,
@@ -299,8 +409,12 @@ def orphan_query(now_ms: int, timing: LeaseTiming) -> dict[str, Any]:
 
 def is_orphan(item: ConnectionItem, now_ms: int, timing: LeaseTiming) -> bool:
     """True when an acquire at ``now_ms`` would pass its condition."""
-    return item.started and (
-        item.lease_owner is None or item.lease_expires_at_ms < orphan_cutoff_ms(now_ms, timing)
+    return (
+        item.started
+        and not item.parked
+        and (
+            item.lease_owner is None or item.lease_expires_at_ms < orphan_cutoff_ms(now_ms, timing)
+        )
     )
 
 

@@ -14,6 +14,7 @@ from wsfleet.lease_rules import (
     AcquireRefusal,
     ConditionalUpdate,
     Lease,
+    ParkOutcome,
     ReleaseOutcome,
     RenewRefusal,
 )
@@ -40,6 +41,8 @@ class Released:
     """The item was STARTED under a newer ``start_gen`` when released."""
     checkpointed: bool
     """The final checkpoint was written (``seq_gen`` unchanged)."""
+    parked: bool = False
+    """The connection was parked with the release (§3.3.1)."""
 
     @classmethod
     def of(cls, old: ConnectionItem | None, lease: Lease, *, checkpointed: bool) -> Released:
@@ -116,6 +119,33 @@ class LeaseStore:
             return Released(released=False, restarted=False, checkpointed=False)
         return Released.of(old, lease, checkpointed=False)
 
+    def park(self, lease: Lease, last_seq: int, reason: str, now_ms: int) -> Released:
+        """Release the lease with the final checkpoint and park the connection, so no
+        worker takes it again until the router re-arms it. When the router stopped
+        or started it again since this lease was taken, an ordinary release is made
+        instead (the router's newer word wins). Errors propagate, as for a release."""
+        try:
+            self._update(
+                lease.connection_id,
+                lease_rules.park_update(lease, last_seq, reason, now_ms),
+                return_values="NONE",
+            )
+            return Released(released=True, restarted=False, checkpointed=True, parked=True)
+        except ConditionFailedError as failed:
+            outcome = lease_rules.park_failure(failed.old, lease)
+        if outcome is ParkOutcome.NOT_HELD:
+            return Released(released=False, restarted=False, checkpointed=False)
+        return self.release(lease, last_seq, now_ms)
+
+    def record_failing_since(self, lease: Lease, since_ms: int, now_ms: int) -> bool:
+        """Write when the upstream began failing; False when the lease is no longer
+        ours (the renewer will find out)."""
+        return self._try(lease, lease_rules.failing_since_update(lease, since_ms, now_ms))
+
+    def clear_failing_since(self, lease: Lease, now_ms: int) -> bool:
+        """Remove the failing mark once a message is handled again."""
+        return self._try(lease, lease_rules.failing_cleared_update(lease, now_ms))
+
     def find_orphans(self, now_ms: int, limit: int) -> list[str]:
         """Ids of STARTED connections whose lease is free or lapsed, from the GSI
         (eventually consistent: a stale entry costs one failed acquire)."""
@@ -125,6 +155,13 @@ class LeaseStore:
         return found
 
     # --- plumbing ----------------------------------------------------------------------
+
+    def _try(self, lease: Lease, update: ConditionalUpdate) -> bool:
+        try:
+            self._update(lease.connection_id, update, return_values="NONE")
+        except ConditionFailedError:
+            return False
+        return True
 
     def _update(
         self,

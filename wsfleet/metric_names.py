@@ -22,6 +22,7 @@ TAKEOVER_LATENCY_MS: Final = "TakeoverLatencyMs"
 MESSAGES_PROCESSED: Final = "MessagesProcessed"
 UPSTREAM_RECONNECTS: Final = "UpstreamReconnects"
 HANDLER_ERRORS: Final = "HandlerErrors"
+CONNECTIONS_FAILED: Final = "ConnectionsFailed"
 
 COUNTERS: Final = (
     LEASES_ACQUIRED,
@@ -32,5 +33,6 @@ COUNTERS: Final = (
     MESSAGES_PROCESSED,
     UPSTREAM_RECONNECTS,
     HANDLER_ERRORS,
+    CONNECTIONS_FAILED,
 )
 """Published every period, zeros included."""

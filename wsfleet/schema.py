@@ -34,6 +34,20 @@ UPDATED_AT_MS: Final = "updated_at_ms"
 EXPIRES_AT: Final = "expires_at"
 """DynamoDB TTL attribute, in epoch seconds; set only while STOPPED."""
 METADATA: Final = "metadata"
+PARKED_REASON: Final = "parked_reason"
+"""Set by the owner's park write (docs/DESIGN.md §3.3.1): why the upstream was given
+up on, short and free of secrets; removed by the router's re-arming start."""
+PARKED_AT_MS: Final = "parked_at_ms"
+FAILING_SINCE_MS: Final = "failing_since_ms"
+"""Epoch ms at which the current streak of upstream failures began (no message handled
+since); written once per streak by the owner, removed when a message is handled again,
+read by the next owner so a move does not restart the clock."""
+
+PARKED_EXPIRY_MS: Final = 2**53 - 1
+"""``lease_expires_at_ms`` of a parked connection: later than any cutoff, so the orphan
+query (``lease_expires_at_ms < cutoff`` on the state index) never returns it, while the
+attribute stays present and the item stays in the index (the listing by state reads it).
+The largest integer a JSON number or a double holds exactly."""
 
 STARTED: Final = "STARTED"
 STOPPED: Final = "STOPPED"

@@ -12,7 +12,12 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import Server
-from websockets.exceptions import ConnectionClosed, ConnectionClosedError, ConnectionClosedOK
+from websockets.exceptions import (
+    ConnectionClosed,
+    ConnectionClosedError,
+    ConnectionClosedOK,
+    InvalidStatus,
+)
 from websockets.frames import CloseCode
 from websockets.protocol import State
 
@@ -244,3 +249,14 @@ async def test_pacing_catches_up_after_a_stall_instead_of_drifting(feed: Feed) -
     assert [m["seq"] for m in [first, *overdue]] == list(range(1, 12))
     burst_ms = overdue[-1]["sent_at_ms"] - overdue[0]["sent_at_ms"]
     assert burst_ms < 450, f"overdue messages spread over {burst_ms} ms: drifting"
+
+
+@pytest.mark.parametrize("status", [404, 403, 503])
+async def test_refuse_answers_the_handshake_with_that_status(feed: Feed, status: int) -> None:
+    with pytest.raises(InvalidStatus) as refused:
+        async with _client(feed.url(f"/feed-a?refuse={status}")):
+            pass
+    assert refused.value.response.status_code == status
+    # The same feed without the parameter still streams.
+    async with _client(feed.url("/feed-a?count=2")) as ws:
+        assert await _recv_seqs(ws, 2) == [1, 2]

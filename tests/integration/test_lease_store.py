@@ -296,3 +296,124 @@ def test_a_plain_stop_release_reports_no_restart(store, control, read):
     item = read("c")
     assert item is not None
     assert (item.last_seq, item.desired_state, item.lease_owner) == (4, schema.STOPPED, None)
+
+
+# --- parking (docs/DESIGN.md §3.3.1) ---------------------------------------------------
+
+REASON = "HTTP 404 from upstream"
+
+
+def parked_lease(store, control, cid: str = "p", *, last_seq: int = 0) -> Lease:
+    control.start(cid, URL, T0)
+    lease = won(store.acquire(cid, "w1", T0))
+    if last_seq:
+        assert isinstance(store.renew(lease, last_seq, T0 + 1), Renewed)
+    return lease
+
+
+def test_park_releases_with_the_final_checkpoint_and_marks_the_item(store, control, read):
+    lease = parked_lease(store, control, last_seq=5)
+    assert store.record_failing_since(lease, T0 + 100, T0 + 100)
+    parked = store.park(lease, 9, REASON, T0 + 2_000)
+    assert (parked.released, parked.parked, parked.checkpointed) == (True, True, True)
+    item = read("p")
+    assert item is not None
+    assert item.lease_owner is None and item.lease_token is None
+    assert item.last_seq == 9
+    assert (item.parked_reason, item.parked_at_ms) == (REASON, T0 + 2_000)
+    assert item.failing_since_ms is None
+    assert item.lease_expires_at_ms == schema.PARKED_EXPIRY_MS
+    assert item.desired_state == schema.STARTED  # the router's alone
+    # A second park (a retry after a lost answer) finds nothing of ours.
+    assert store.park(lease, 9, REASON, T0 + 2_001).released is False
+
+
+def test_a_parked_connection_is_refused_and_never_an_orphan(store, control, read):
+    lease = parked_lease(store, control)
+    control.start("free", URL, T0)
+    store.park(lease, 0, REASON, T0 + 1)
+    for now in (T0 + 1, T0 + 10**9, T0 + 10**12):
+        assert store.acquire("p", "w2", now) is AcquireRefusal.PARKED
+        assert store.find_orphans(now, limit=100) == ["free"]
+    assert read("p").lease_epoch == lease.epoch  # type: ignore[union-attr]
+
+
+def test_park_after_a_stop_or_a_restart_is_an_ordinary_release(store, control, read):
+    lease = parked_lease(store, control, last_seq=4)
+    control.stop("p", T0 + 10)
+    released = store.park(lease, 6, REASON, T0 + 20)
+    assert (released.released, released.parked, released.restarted) == (True, False, False)
+    item = read("p")
+    assert item is not None and item.parked_reason is None and item.last_seq == 6
+    # A restart with another URL while held: the release sees it, the checkpoint is
+    # not written over the reset.
+    control.start("p", URL, T0 + 25)
+    lease = won(store.acquire("p", "w1", T0 + 30))
+    control.stop("p", T0 + 40)
+    control.start("p", URL + "?v=2", T0 + 41)
+    released = store.park(lease, 8, REASON, T0 + 50)
+    assert (released.released, released.parked, released.restarted) == (True, False, True)
+    item = read("p")
+    assert item is not None and item.parked_reason is None and item.last_seq == 0
+
+
+@pytest.mark.parametrize(
+    ("url", "keeps_checkpoint"), [(URL, True), ("wss://feed.example/other", False)]
+)
+def test_a_start_re_arms_a_parked_connection(store, control, read, url, keeps_checkpoint):
+    lease = parked_lease(store, control, last_seq=7)
+    store.park(lease, 7, REASON, T0 + 10)
+    before = read("p")
+    assert before is not None
+    result = control.start("p", url, T0 + 20)
+    assert result.outcome is StartOutcome.RESTARTED
+    item = read("p")
+    assert item is not None
+    assert (item.parked_reason, item.parked_at_ms, item.failing_since_ms) == (None, None, None)
+    assert item.lease_expires_at_ms == 0
+    assert item.start_gen == before.start_gen + 1
+    assert item.ws_url == url
+    if keeps_checkpoint:
+        assert (item.last_seq, item.seq_gen) == (7, before.seq_gen)
+    else:
+        assert (item.last_seq, item.seq_gen) == (0, before.seq_gen + 1)
+    # Found and taken again, by anyone.
+    assert store.find_orphans(T0 + 30, limit=10) == ["p"]
+    again = won(store.acquire("p", "w2", T0 + 30))
+    assert again.epoch == lease.epoch + 1
+    assert again.last_seq == item.last_seq
+    # Re-armed and running: a second start is the usual "already started".
+    assert control.start("p", url, T0 + 40).outcome is StartOutcome.ALREADY_STARTED
+
+
+def test_a_stopped_parked_connection_stays_parked_until_started(store, control, read):
+    lease = parked_lease(store, control, last_seq=3)
+    store.park(lease, 3, REASON, T0 + 10)
+    assert control.stop("p", T0 + 20) is StopOutcome.STOPPED
+    item = read("p")
+    assert item is not None
+    assert (item.desired_state, item.parked_reason) == (schema.STOPPED, REASON)
+    assert store.acquire("p", "w2", T0 + 30) is AcquireRefusal.STOPPED
+    assert control.start("p", URL, T0 + 40).outcome is StartOutcome.RESTARTED
+    item = read("p")
+    assert item is not None
+    assert (item.desired_state, item.parked_reason, item.expires_at) == (schema.STARTED, None, None)
+    assert (item.lease_expires_at_ms, item.last_seq) == (0, 3)
+
+
+def test_the_failing_mark_is_written_once_read_by_the_next_owner_and_cleared(store, control, read):
+    lease = parked_lease(store, control)
+    assert store.record_failing_since(lease, T0 + 100, T0 + 150)
+    assert read("p").failing_since_ms == T0 + 100  # type: ignore[union-attr]
+    # The holder crashes; the next owner goes on from the recorded start.
+    later = T0 + TIMING.lease_ms + TIMING.skew_ms + 1
+    taken = won(store.acquire("p", "w2", later))
+    assert taken.failing_since_ms == T0 + 100
+    # The old holder can no longer touch it.
+    assert store.clear_failing_since(lease, later + 1) is False
+    assert store.record_failing_since(lease, later + 1, later + 1) is False
+    assert store.clear_failing_since(taken, later + 2) is True
+    assert read("p").failing_since_ms is None  # type: ignore[union-attr]
+    released = store.release(taken, 0, later + 3)
+    assert released.released
+    assert won(store.acquire("p", "w3", later + 4)).failing_since_ms is None

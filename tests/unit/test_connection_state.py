@@ -114,6 +114,7 @@ def test_the_first_ending_wins():
         (Ending.LOST, False, False, True),
         (Ending.FENCED, False, True, True),
         (Ending.GONE, False, False, False),
+        (Ending.PARKED, True, True, False),
     ],
 )
 def test_what_each_ending_means(ending, graceful, releases, loses_lease):

@@ -7,6 +7,7 @@ from wsfleet.desired_state import (
     DesiredStateStore,
     StartContendedError,
     StartOutcome,
+    StartVariant,
     start_failure,
     start_update,
 )
@@ -47,21 +48,56 @@ def item(**fields) -> ConnectionItem:
     return ConnectionItem(connection_id="c", desired_state="STARTED", ws_url="wss://a", **fields)
 
 
+def stopped(**fields) -> ConnectionItem:
+    return ConnectionItem(connection_id="c", desired_state="STOPPED", ws_url="wss://a", **fields)
+
+
+PARKED = {"parked_reason": "HTTP 404 from upstream", "parked_at_ms": 3}
+
+
 @pytest.mark.parametrize(
     ("old", "url", "expected"),
     [
-        (None, "wss://a", None),
+        (None, "wss://a", StartVariant()),
         (item(), "wss://a", StartOutcome.ALREADY_STARTED),
         (item(), "wss://b", StartOutcome.CONFLICT),
-        (
-            ConnectionItem(connection_id="c", desired_state="STOPPED", ws_url="wss://a"),
-            "wss://b",
-            None,
-        ),
+        (stopped(), "wss://a", StartVariant()),
+        (stopped(), "wss://b", StartVariant(url_changed=True)),
+        # A parked connection is re-armed, STARTED or STOPPED, for any URL.
+        (item(**PARKED), "wss://a", StartVariant(rearm=True)),
+        (item(**PARKED), "wss://b", StartVariant(url_changed=True, rearm=True)),
+        (stopped(**PARKED), "wss://a", StartVariant(rearm=True)),
+        (stopped(**PARKED), "wss://b", StartVariant(url_changed=True, rearm=True)),
     ],
 )
 def test_start_failure_decisions(old, url, expected):
-    assert start_failure(old, url) is expected
+    assert start_failure(old, url) == expected
+
+
+@pytest.mark.parametrize("url_changed", [False, True])
+def test_rearming_takes_only_parked_items_and_clears_every_mark(url_changed):
+    update = start_update("wss://a", 5, url_changed=url_changed, rearm=True)
+    condition = update["ConditionExpression"]
+    assert condition.startswith("attribute_exists(#parked) AND ")
+    assert ("#url <> :url" in condition) is url_changed
+    expression = update["UpdateExpression"]
+    assert "#expiry = :zero" in expression  # back in the orphan query
+    assert "REMOVE #ttl, #parked, #parkedat, #failing" in expression
+    assert "ADD #gen :one" + (", #seqgen :one" if url_changed else "") in expression
+    assert ("#seq = :zero" in expression) is url_changed
+    names = update["ExpressionAttributeNames"]
+    assert {names[n] for n in ("#parked", "#parkedat", "#failing")} == {
+        "parked_reason",
+        "parked_at_ms",
+        "failing_since_ms",
+    }
+
+
+@pytest.mark.parametrize("url_changed", [False, True])
+def test_the_ordinary_starts_refuse_a_parked_item(url_changed):
+    update = start_update("wss://a", 5, url_changed=url_changed)
+    assert "attribute_not_exists(#parked)" in update["ConditionExpression"]
+    assert "#expiry = if_not_exists(#expiry, :zero)" in update["UpdateExpression"]
 
 
 def test_changed_url_resets_the_checkpoint_and_same_url_keeps_it():

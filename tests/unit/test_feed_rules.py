@@ -37,6 +37,8 @@ def test_defaults_come_from_the_path_and_the_server_rate() -> None:
         ("/feed-a?oversize_after=1", FeedRequest(feed="feed-a", rate=5.0, oversize_after=1)),
         ("/feed-a?gap_after=4", FeedRequest(feed="feed-a", rate=5.0, gap_after=4)),
         ("/feed-a?mute_after=5", FeedRequest(feed="feed-a", rate=5.0, mute_after=5)),
+        ("/feed-a?refuse=404", FeedRequest(feed="feed-a", rate=5.0, refuse=404)),
+        ("/feed-a?refuse=503", FeedRequest(feed="feed-a", rate=5.0, refuse=503)),
         (
             "/a%20b/c?from_seq=7&rate=1&count=9&gap_after=1&close_after=2",
             FeedRequest(feed="a b/c", from_seq=7, rate=1.0, count=9, gap_after=1, close_after=2),
@@ -68,6 +70,10 @@ def test_valid_queries(path: str, expected: FeedRequest) -> None:
         ("/feed-a?drop_afer=3", "unknown parameter 'drop_afer'"),
         ("/feed-a?count=3&count=4", "given twice"),
         ("/feed-a?count", "malformed query"),
+        ("/feed-a?refuse=200", "refuse"),
+        ("/feed-a?refuse=600", "refuse"),
+        ("/feed-a?refuse=499", "refuse"),
+        ("/feed-a?refuse=x", "refuse"),
     ],
 )
 def test_invalid_queries(path: str, complaint: str) -> None:

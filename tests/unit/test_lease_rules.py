@@ -7,15 +7,20 @@ from wsfleet.item import ConnectionItem
 from wsfleet.lease_rules import (
     AcquireRefusal,
     Lease,
+    ParkOutcome,
     ReleaseOutcome,
     RenewRefusal,
     acquire_failure,
     acquire_update,
+    failing_cleared_update,
+    failing_since_update,
     fence_deadline,
     is_orphan,
     lease_won,
     may_handle,
     orphan_cutoff_ms,
+    park_failure,
+    park_update,
     release_failure,
     release_update,
     renew_failure,
@@ -67,6 +72,9 @@ def lease(**fields) -> Lease:
         ({"lease_owner": None, "lease_expires_at_ms": NOW + 5000}, True),  # released
         ({"desired_state": schema.STOPPED}, False),
         ({"desired_state": schema.STOPPED, "lease_owner": "w"}, False),
+        # parked: released, but given up on until re-armed
+        ({"parked_reason": "HTTP 404 from upstream", "lease_expires_at_ms": 0}, False),
+        ({"parked_reason": "x", "lease_expires_at_ms": schema.PARKED_EXPIRY_MS}, False),
     ],
 )
 def test_is_orphan_boundaries(fields, expected):
@@ -113,6 +121,9 @@ def test_lease_won_from_old_item(old, expected_epoch, expected_latency):
         (item(lease_owner="other", lease_expires_at_ms=NOW + 1), AcquireRefusal.HELD),
         (item(desired_state=schema.STOPPED), AcquireRefusal.STOPPED),
         (item(desired_state=schema.STOPPED, lease_owner="other"), AcquireRefusal.STOPPED),
+        (item(parked_reason="HTTP 404 from upstream"), AcquireRefusal.PARKED),
+        # stopped and parked: the stop is the router's newer word
+        (item(desired_state=schema.STOPPED, parked_reason="x"), AcquireRefusal.STOPPED),
     ],
 )
 def test_acquire_refusals(old, expected):
@@ -262,3 +273,68 @@ def test_fence_deadline_falls_before_any_takeover():
         takeover_on_holder_clock = expiry + TIMING.skew_ms + 1 - clock_offset_ms
         fence_on_holder_clock = renew_sent_ms + TIMING.fence_after * 1000
         assert fence_on_holder_clock < takeover_on_holder_clock
+
+
+def test_acquire_refuses_a_parked_connection_and_a_new_owner_learns_the_failing_clock():
+    update = acquire_update(ME, NOW, TIMING, "tok")
+    assert "attribute_not_exists(#parked)" in update.condition_expression
+    assert update.names["#parked"] == schema.PARKED_REASON
+    won = lease_won(item(failing_since_ms=NOW - 5000), ME, NOW, TIMING)
+    assert won.failing_since_ms == NOW - 5000
+    assert lease_won(item(), ME, NOW, TIMING).failing_since_ms is None
+
+
+def test_park_update_releases_checkpoints_and_leaves_the_orphan_query():
+    update = park_update(lease(seq_gen=2, start_gen=4), 17, "HTTP 404 from upstream", NOW)
+    for clause in (
+        "#owner = :me",
+        "#epoch = :epoch",
+        "#seqgen = :seqgen",
+        "#state = :started",
+        "#gen = :gen",
+    ):
+        assert clause in update.condition_expression
+    assert update.update_expression.startswith("REMOVE #owner, #token, #failing SET ")
+    values = update.values
+    assert values[":parked_expiry"] == {"N": str(2**53 - 1)}
+    assert values[":seq"] == {"N": "17"}
+    assert values[":reason"] == {"S": "HTTP 404 from upstream"}
+    assert values[":now"] == {"N": str(NOW)}
+    assert (values[":seqgen"], values[":gen"]) == ({"N": "2"}, {"N": "4"})
+    # The sentinel is beyond any cutoff: the orphan query never returns it.
+    assert orphan_cutoff_ms(10 * NOW**2, TIMING) < schema.PARKED_EXPIRY_MS
+
+
+def test_park_reason_is_kept_short():
+    update = park_update(lease(), 0, "x" * 1000, NOW)
+    assert len(update.values[":reason"]["S"]) == 200
+
+
+@pytest.mark.parametrize(
+    ("old", "expected"),
+    [
+        (None, ParkOutcome.NOT_HELD),
+        (item(lease_owner="other", lease_epoch=3), ParkOutcome.NOT_HELD),
+        (item(lease_owner=ME, lease_epoch=4), ParkOutcome.NOT_HELD),
+        # still ours, but the router spoke since: an ordinary release instead
+        (
+            item(lease_owner=ME, lease_epoch=3, desired_state=schema.STOPPED),
+            ParkOutcome.RELEASE_INSTEAD,
+        ),
+        (item(lease_owner=ME, lease_epoch=3, start_gen=2), ParkOutcome.RELEASE_INSTEAD),
+        (item(lease_owner=ME, lease_epoch=3, start_gen=2, seq_gen=1), ParkOutcome.RELEASE_INSTEAD),
+    ],
+)
+def test_park_failures(old, expected):
+    assert park_failure(old, lease()) is expected
+
+
+def test_the_failing_mark_is_written_and_removed_only_by_the_holder():
+    mark = failing_since_update(lease(), NOW - 250, NOW)
+    cleared = failing_cleared_update(lease(), NOW)
+    for update in (mark, cleared):
+        assert update.condition_expression == "#owner = :me AND #epoch = :epoch"
+        assert update.names["#failing"] == schema.FAILING_SINCE_MS
+    assert mark.update_expression.startswith("SET #failing = :since")
+    assert mark.values[":since"] == {"N": str(NOW - 250)}
+    assert cleared.update_expression.startswith("REMOVE #failing")

@@ -1,0 +1,120 @@
+"""When a failing upstream is given up on (parked), with no I/O and no clock.
+
+Two rules (docs/DESIGN.md §4.4, "Parking"):
+
+- a **permanent refusal** parks at once: the handshake answered with an HTTP 4xx other
+  than 408 and 429, an invalid URI, a TLS certificate that does not verify. Retrying
+  cannot change the answer;
+- anything else is retried, but a streak of failed attempts with **no message
+  handled** for ``fail_after`` parks too. The streak's start (``failing_since_ms``,
+  epoch ms) lives on the item, so a move or a failover does not restart the clock.
+
+:class:`FailingClock` is fed the wall time (epoch ms) of each failed attempt and of
+each handled message, and answers what to do; the runner makes the writes it asks for.
+Reasons are short and free of URLs, so no query string or credential ends up in the
+table.
+"""
+
+from __future__ import annotations
+
+import enum
+import ssl
+from dataclasses import dataclass
+
+from websockets.exceptions import InvalidStatus, InvalidURI
+
+RETRYABLE_4XX = frozenset((408, 429))
+"""Request Timeout and Too Many Requests: the upstream may answer otherwise later."""
+
+
+def permanent_refusal(error: BaseException | None) -> str | None:
+    """The reason to park at once, or None when ``error`` may pass by itself."""
+    if isinstance(error, InvalidStatus):
+        status = error.response.status_code
+        if 400 <= status < 500 and status not in RETRYABLE_4XX:
+            return f"HTTP {status} from upstream"
+        return None
+    if isinstance(error, InvalidURI):
+        return "invalid upstream URI"
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return "upstream TLS certificate not trusted"
+    return None
+
+
+def describe(error: BaseException | None) -> str:
+    """A short name for what ended an attempt: never the URL, never a message text
+    (which may quote the URL)."""
+    if error is None:
+        return "closed before a message"
+    if isinstance(error, InvalidStatus):
+        return f"HTTP {error.response.status_code}"
+    return type(error).__name__
+
+
+class Verdict(enum.Enum):
+    RETRY = "retry"
+    """Try again after the backoff (bounded by :attr:`AttemptFailed.park_in`)."""
+    PARK = "park"
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptFailed:
+    verdict: Verdict
+    record: bool
+    """The streak has just begun: write ``failing_since_ms`` (once per streak)."""
+    reason: str | None = None
+    """For :attr:`Verdict.PARK`: the ``parked_reason``."""
+    park_in: float | None = None
+    """For :attr:`Verdict.RETRY`: seconds until the streak runs out; the next attempt
+    should come no later, so a long backoff does not stretch the failing time."""
+
+
+@dataclass
+class FailingClock:
+    """One connection's failing streak, in epoch milliseconds.
+
+    ``failing_since_ms``: the streak's start as the item had it when the lease was
+    taken (None: not failing). ``on_item`` tracks whether the item carries a mark.
+    """
+
+    fail_after_ms: int
+    failing_since_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        self.on_item = self.failing_since_ms is not None
+
+    def attempt_failed(self, error: BaseException | None, now_ms: int) -> AttemptFailed:
+        """An attempt ended with no message handled during it (``error`` None: the
+        upstream closed by itself)."""
+        if self.failing_since_ms is None:
+            self.failing_since_ms = now_ms
+        # Not yet on the item (the streak has just begun, or its write failed): write
+        # it. A healthy connection never gets here, so it pays nothing.
+        record = not self.on_item
+        permanent = permanent_refusal(error)
+        if permanent is not None:
+            return AttemptFailed(Verdict.PARK, record=False, reason=permanent)
+        failing_for = now_ms - self.failing_since_ms
+        if failing_for >= self.fail_after_ms:
+            reason = f"no message handled for {_seconds(self.fail_after_ms)} s: {describe(error)}"
+            return AttemptFailed(Verdict.PARK, record=False, reason=reason)
+        return AttemptFailed(
+            Verdict.RETRY, record=record, park_in=(self.fail_after_ms - failing_for) / 1000
+        )
+
+    def recorded(self) -> None:
+        """The ``failing_since_ms`` write landed."""
+        self.on_item = True
+
+    def message_handled(self) -> bool:
+        """A message was handled: the streak is over. True when the item's mark must
+        be removed (one write; call :meth:`cleared` once it landed)."""
+        self.failing_since_ms = None
+        return self.on_item
+
+    def cleared(self) -> None:
+        self.on_item = False
+
+
+def _seconds(ms: int) -> str:
+    return f"{ms // 1000}" if ms % 1000 == 0 else f"{ms / 1000:g}"
