@@ -113,13 +113,20 @@ _DETAILS = (
     ("expires", "expires_at"),
     ("metadata", "metadata"),
 )
+_PARKING = (
+    ("parked", "parked_reason"),
+    ("parked at", "parked_at"),
+    ("failing since", "failing_since"),
+)
+"""Shown only when set: a healthy connection's details stay as they were."""
 
 
 def connection_details(view: Mapping[str, Any]) -> list[str]:
     """One ``label  value`` line per field of the connection view."""
-    width = max(len(label) for label, _ in _DETAILS)
+    shown_fields = [*_DETAILS, *((label, key) for label, key in _PARKING if view.get(key))]
+    width = max(len(label) for label, _ in shown_fields)
     lines = []
-    for label, key in _DETAILS:
+    for label, key in shown_fields:
         value = view.get(key)
         shown = format_lease(value) if key == "lease_seconds_left" else cell(value)
         lines.append(f"{label.ljust(width)}  {shown}")

@@ -142,6 +142,17 @@ class ConnectionView(BaseModel):
     updated_at: str | None
     expires_at: str | None = Field(description="when a STOPPED item is removed (TTL)")
     metadata: dict[str, Any] | None
+    parked_reason: str | None = Field(
+        default=None,
+        description="why the upstream was given up on; no worker runs a parked connection"
+        " until a POST /connections re-arms it; null when not parked",
+    )
+    parked_at: str | None = Field(default=None, description="when it was parked")
+    failing_since: str | None = Field(
+        default=None,
+        description="since when the upstream has failed with no message handled; null"
+        " when it is not failing",
+    )
 
 
 class StartedConnection(ConnectionView):

@@ -36,6 +36,9 @@ def connection_view(item: ConnectionItem, now_ms: int) -> dict[str, Any]:
         "updated_at": _iso(item.updated_at_ms),
         "expires_at": _iso(item.expires_at * 1000) if item.expires_at is not None else None,
         "metadata": _json_safe(item.extra.get(schema.METADATA)),
+        "parked_reason": item.parked_reason,
+        "parked_at": _iso(item.parked_at_ms),
+        "failing_since": _iso(item.failing_since_ms),
     }
 
 

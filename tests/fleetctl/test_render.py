@@ -80,6 +80,23 @@ def test_connection_details() -> None:
     assert len(lines) == 12
 
 
+def test_connection_details_show_why_a_connection_is_parked() -> None:
+    lines = render.connection_details(
+        view(
+            "demo-1",
+            parked_reason="HTTP 404 from upstream",
+            parked_at="2027-01-15T08:00:00.000+00:00",
+            failing_since=None,
+        )
+    )
+    assert "parked      HTTP 404 from upstream" in lines
+    assert "parked at   2027-01-15T08:00:00.000+00:00" in lines
+    assert not any(line.startswith("failing since") for line in lines)
+    assert len(lines) == 14
+    failing = render.connection_details(view("demo-1", failing_since="2027-01-15T07:59:00Z"))
+    assert "failing since  2027-01-15T07:59:00Z" in failing
+
+
 @pytest.mark.parametrize(
     ("outcome", "summary"),
     [

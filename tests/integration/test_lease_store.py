@@ -318,7 +318,8 @@ def test_park_releases_with_the_final_checkpoint_and_marks_the_item(store, contr
     assert (parked.released, parked.parked, parked.checkpointed) == (True, True, True)
     item = read("p")
     assert item is not None
-    assert item.lease_owner is None and item.lease_token is None
+    assert item.lease_owner is None
+    assert item.lease_token is None
     assert item.last_seq == 9
     assert (item.parked_reason, item.parked_at_ms) == (REASON, T0 + 2_000)
     assert item.failing_since_ms is None
@@ -344,7 +345,9 @@ def test_park_after_a_stop_or_a_restart_is_an_ordinary_release(store, control, r
     released = store.park(lease, 6, REASON, T0 + 20)
     assert (released.released, released.parked, released.restarted) == (True, False, False)
     item = read("p")
-    assert item is not None and item.parked_reason is None and item.last_seq == 6
+    assert item is not None
+    assert item.parked_reason is None
+    assert item.last_seq == 6
     # A restart with another URL while held: the release sees it, the checkpoint is
     # not written over the reset.
     control.start("p", URL, T0 + 25)
@@ -354,7 +357,9 @@ def test_park_after_a_stop_or_a_restart_is_an_ordinary_release(store, control, r
     released = store.park(lease, 8, REASON, T0 + 50)
     assert (released.released, released.parked, released.restarted) == (True, False, True)
     item = read("p")
-    assert item is not None and item.parked_reason is None and item.last_seq == 0
+    assert item is not None
+    assert item.parked_reason is None
+    assert item.last_seq == 0
 
 
 @pytest.mark.parametrize(

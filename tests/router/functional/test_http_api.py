@@ -18,6 +18,7 @@ from local_stack.services import local_client
 from tests.router.fixtures import drain_start_messages, snapshot
 from tests.router.local_api import Answer, request
 from tests.support.timing import scaled
+from wsfleet.item_io import get_connection
 from wsfleet.lease_rules import Lease
 from wsfleet.lease_store import LeaseStore
 from wsfleet.start_messages import StartMessage
@@ -289,3 +290,80 @@ def test_racing_starts_are_decided_by_conditional_writes(
     assert counts[StartOutcome.CONFLICT] == len(urls) - 1 - same
     assert drain_start_messages(sqs, queues.queue_url) == [StartMessage("start", "contested")]
     assert (item.ws_url, item.start_gen) == (winner_url, 1)
+
+
+def park(ddb: Any, table: str, connection_id: str, last_seq: int, reason: str) -> None:
+    """Take the lease as a worker would, then give the upstream up (the park write)."""
+    store = LeaseStore(ddb, table, LeaseTiming.from_lease(2.0))
+    now = now_ms()
+    lease = store.acquire(connection_id, "test-worker", now)
+    assert isinstance(lease, Lease), lease
+    assert store.record_failing_since(lease, now, now)
+    assert store.park(lease, last_seq, reason, now + 1).parked
+
+
+@pytest.mark.parametrize(
+    ("second_url", "expected_seq", "expected_seq_gen"),
+    [(FEED, 25, 0), (FEED_B, 0, 1)],
+    ids=["same-url", "new-url"],
+)
+def test_a_parked_connection_is_shown_and_a_start_re_arms_it(
+    api: str,
+    ddb: Any,
+    sqs: Any,
+    table: str,
+    queues: Queues,
+    second_url: str,
+    expected_seq: int,
+    expected_seq_gen: int,
+) -> None:
+    assert start(api, "parked", FEED).status == 201
+    park(ddb, table, "parked", 25, "HTTP 404 from upstream")
+    drain_start_messages(sqs, queues.queue_url)
+
+    shown = request(api, "GET", "/connections/parked").body
+    assert (shown["state"], shown["owner"], shown["lease_seconds_left"]) == ("STARTED", None, None)
+    assert shown["parked_reason"] == "HTTP 404 from upstream"
+    assert shown["parked_at"] is not None
+    assert shown["failing_since"] is None
+    listed = request(api, "GET", "/connections?state=STARTED").body["connections"]
+    assert [(v["connection_id"], v["parked_reason"]) for v in listed] == [
+        ("parked", "HTTP 404 from upstream")
+    ]
+
+    again = start(api, "parked", second_url)  # 201 for the same URL and another one
+
+    assert (again.status, again.body["outcome"]) == (201, "restarted")
+    assert (again.body["ws_url"], again.body["last_seq"]) == (second_url, expected_seq)
+    assert again.body["start_gen"] == 2
+    assert (again.body["parked_reason"], again.body["parked_at"]) == (None, None)
+    assert again.body["failing_since"] is None
+    assert drain_start_messages(sqs, queues.queue_url) == [StartMessage("start", "parked")]
+    store = LeaseStore(ddb, table, LeaseTiming.from_lease(2.0))
+    assert store.find_orphans(now_ms(), limit=10) == ["parked"]
+    item = get_connection(ddb, table, "parked")
+    assert item is not None
+    assert item.seq_gen == expected_seq_gen
+    # Running again: the same start is the usual 200, another URL the usual 409.
+    assert start(api, "parked", second_url).status == 200
+    assert start(api, "parked", FEED if second_url == FEED_B else FEED_B).status == 409
+
+
+def test_a_stopped_parked_connection_is_re_armed_by_a_start(
+    api: str, ddb: Any, sqs: Any, table: str, queues: Queues
+) -> None:
+    assert start(api, "parked-stop", FEED).status == 201
+    park(ddb, table, "parked-stop", 4, "no message handled for 600 s: ConnectionRefusedError")
+    stopped = request(api, "DELETE", "/connections/parked-stop")
+    assert stopped.status == 202
+    assert stopped.body["state"] == "STOPPED"
+    assert stopped.body["parked_reason"].startswith("no message handled for 600 s")
+    drain_start_messages(sqs, queues.queue_url)
+    again = start(api, "parked-stop", FEED)
+    assert (again.status, again.body["state"], again.body["parked_reason"]) == (
+        201,
+        "STARTED",
+        None,
+    )
+    assert (again.body["last_seq"], again.body["expires_at"]) == (4, None)
+    assert drain_start_messages(sqs, queues.queue_url) == [StartMessage("start", "parked-stop")]

@@ -33,6 +33,9 @@ VIEW_KEYS = {
     "updated_at",
     "expires_at",
     "metadata",
+    "parked_reason",
+    "parked_at",
+    "failing_since",
 }
 
 
