@@ -10,6 +10,7 @@ BASE = {"TABLE_NAME": "connections", "QUEUE_URL": "http://q/1/starts"}
 def test_defaults():
     config = WorkerConfig.from_env(BASE)
     assert config.timing.lease == 20
+    assert config.upstream_fail_after == 600
     assert config.timing.heartbeat == 5
     assert config.timing.reconcile == 5
     assert config.timing.skew == 1
@@ -41,8 +42,10 @@ def test_overrides():
         "METRICS_NAMESPACE": "Ns",
         "SERVICE_NAME": "svc",
         "HEALTH_FILE": "/tmp/h",
+        "UPSTREAM_FAIL_AFTER_SECONDS": "2.5",
     }
     config = WorkerConfig.from_env(env)
+    assert config.upstream_fail_after == 2.5
     assert config.worker_id == "w-1"
     assert (config.timing.lease, config.timing.heartbeat) == (2, 0.4)
     assert (config.timing.reconcile, config.timing.skew) == (0.5, 0.1)
@@ -67,6 +70,9 @@ def test_overrides():
         (BASE | {"REASSIGN_ON_RELEASE": "maybe"}, "REASSIGN_ON_RELEASE must be true or false"),
         (BASE | {"HANDLER_ERRORS": "ignore"}, "HANDLER_ERRORS must be"),
         (BASE | {"SQS_WAIT_SECONDS": "21"}, "SQS_WAIT_SECONDS"),
+        (BASE | {"UPSTREAM_FAIL_AFTER_SECONDS": "0"}, "UPSTREAM_FAIL_AFTER_SECONDS must be > 0"),
+        (BASE | {"UPSTREAM_FAIL_AFTER_SECONDS": "-1"}, "UPSTREAM_FAIL_AFTER_SECONDS must be > 0"),
+        (BASE | {"UPSTREAM_FAIL_AFTER_SECONDS": "soon"}, "UPSTREAM_FAIL_AFTER_SECONDS must be"),
     ],
 )
 def test_bad_settings_fail_fast_naming_the_variable(env, fragment):
