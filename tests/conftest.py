@@ -3,6 +3,7 @@ started once per test session; a fresh table and queue per test."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,11 @@ from local_stack import services
 from local_stack.resources import Queues, create_connection_table, create_start_queue
 from tests.router.local_api import local_router
 from tests.support.fleet import Fleet
+
+#: A DynamoDB Local that is already running (its endpoint URL), used instead of starting
+#: one per session: scripts/mutation.sh runs thousands of short pytest sessions, and
+#: starting the JVM for each would cost more than the tests themselves.
+SHARED_DYNAMODB_ENV = "WSFLEET_TEST_DYNAMODB_ENDPOINT"
 
 LOCAL_CREDENTIALS = {
     "region_name": "us-east-1",
@@ -30,6 +36,10 @@ def service_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def dynamodb_endpoint(service_log_dir: Path) -> Iterator[str]:
+    shared = os.environ.get(SHARED_DYNAMODB_ENV)
+    if shared:
+        yield shared  # every test makes a table of its own, so sessions can share it
+        return
     port = services.free_port()
     process = services.start_dynamodb_local(port, service_log_dir)
     yield services.endpoint_url(port)
