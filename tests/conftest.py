@@ -3,6 +3,7 @@ started once per test session; a fresh table and queue per test."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +30,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.timeout(default))
 
 
+#: A DynamoDB Local that is already running (its endpoint URL), used instead of starting
+#: one per session: scripts/mutation.sh runs thousands of short pytest sessions, and
+#: starting the JVM for each would cost more than the tests themselves.
+SHARED_DYNAMODB_ENV = "WSFLEET_TEST_DYNAMODB_ENDPOINT"
+
+
 @pytest.fixture(scope="session")
 def service_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("service-logs")
@@ -36,6 +43,10 @@ def service_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def dynamodb_endpoint(service_log_dir: Path) -> Iterator[str]:
+    shared = os.environ.get(SHARED_DYNAMODB_ENV)
+    if shared:
+        yield shared  # every test makes a table of its own, so sessions can share it
+        return
     port = services.free_port()
     process = services.start_dynamodb_local(port, service_log_dir)
     yield services.endpoint_url(port)

@@ -3,6 +3,7 @@ writes, so the lease protocol is only ever tested here)."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +16,7 @@ from wsfleet.desired_state import DesiredStateStore, StartOutcome, StopOutcome
 from wsfleet.item import ConnectionItem
 from wsfleet.item_io import get_connection
 from wsfleet.lease_rules import AcquireRefusal, Lease, RenewRefusal
-from wsfleet.lease_store import LeaseStore, Renewed
+from wsfleet.lease_store import LeaseStore, Released, Renewed
 from wsfleet.timing import LeaseTiming
 
 pytestmark = pytest.mark.timeout(scaled(120))
@@ -422,3 +423,155 @@ def test_the_failing_mark_is_written_once_read_by_the_next_owner_and_cleared(sto
     released = store.release(taken, 0, later + 3)
     assert released.released
     assert won(store.acquire("p", "w3", later + 4)).failing_since_ms is None
+
+
+# --- what every write leaves behind, and the races between the writes of one holder ----
+
+
+class ClientSpy:
+    """The DynamoDB Local client with a look at each call: records the arguments of
+    every call, and runs ``before_update[n]`` just before the n-th ``update_item``
+    (0-based), to let another writer in between two writes of the store."""
+
+    def __init__(self, client, *, max_page: int | None = None) -> None:
+        self._client = client
+        self._max_page = max_page
+        self.calls: list[tuple[str, dict]] = []
+        self.before_update: dict[int, Callable[[], object]] = {}
+
+    def _record(self, name: str, kwargs: dict) -> None:
+        self.calls.append((name, kwargs))
+
+    def updates(self) -> int:
+        return sum(1 for name, _ in self.calls if name == "update_item")
+
+    def update_item(self, **kwargs):
+        hook = self.before_update.pop(self.updates(), None)
+        self._record("update_item", kwargs)
+        if hook is not None:
+            hook()
+        return self._client.update_item(**kwargs)
+
+    def get_item(self, **kwargs):
+        self._record("get_item", kwargs)
+        return self._client.get_item(**kwargs)
+
+    def query(self, **kwargs):
+        self._record("query", kwargs)
+        if self._max_page is not None:
+            # As DynamoDB does when a page reaches 1 MB: fewer items than the limit,
+            # and a LastEvaluatedKey to go on from.
+            kwargs = kwargs | {"Limit": min(kwargs["Limit"], self._max_page)}
+        return self._client.query(**kwargs)
+
+
+@pytest.mark.parametrize("step", ["acquire", "renew", "release", "release_after_reset"])
+def test_every_lease_write_stamps_updated_at(store, control, step, read):
+    control.start("c", URL, T0)
+    lease = won(store.acquire("c", "w1", T0 + 10))
+    if step == "renew":
+        assert isinstance(store.renew(lease, 1, T0 + 20), Renewed)
+    elif step == "release":
+        assert store.release(lease, 1, T0 + 20).checkpointed
+    elif step == "release_after_reset":
+        control.stop("c", T0 + 11)
+        control.start("c", "wss://feed.example/b", T0 + 12)
+        released = store.release(lease, 1, T0 + 20)
+        assert (released.released, released.checkpointed) == (True, False)
+    item = read("c")
+    assert item is not None
+    assert item.updated_at_ms == (T0 + 10 if step == "acquire" else T0 + 20)
+
+
+def test_each_acquire_attempt_writes_a_fresh_random_token(store, control, read):
+    control.start("c", URL, T0)
+    tokens = []
+    for attempt in range(3):
+        lease = won(store.acquire("c", "w1", T0 + attempt))
+        item = read("c")
+        assert item is not None
+        tokens.append(item.lease_token)
+        assert store.release(lease, 0, T0 + attempt).released
+    assert all(re.fullmatch(r"[0-9a-f]{16}", str(token)) for token in tokens), tokens
+    assert len(set(tokens)) == 3
+
+
+def test_a_late_release_of_an_older_epoch_of_the_same_worker_frees_nothing(store, control, read):
+    """w1 held epoch 1, lost track of it (fenced) and took the connection again as
+    epoch 2 after it lapsed. The release of epoch 1 arrives late: epoch 2 must stay
+    held, with its expiry and without the old checkpoint."""
+    control.start("c", URL, T0)
+    old = won(store.acquire("c", "w1", T0))
+    newer = won(store.acquire("c", "w1", T0 + 21_001))
+    assert newer.epoch == 2
+    assert isinstance(store.renew(newer, 30, T0 + 22_000), Renewed)
+    late = store.release(old, 5, T0 + 22_500)
+    assert late == Released(released=False, restarted=False, checkpointed=False)
+    item = read("c")
+    assert item is not None
+    assert (item.lease_owner, item.lease_epoch, item.lease_expires_at_ms, item.last_seq) == (
+        "w1",
+        2,
+        T0 + 42_000,
+        30,
+    )
+    assert store.acquire("c", "w2", T0 + 23_000) is AcquireRefusal.HELD
+
+
+def test_a_stale_renew_of_an_older_epoch_never_extends_the_newer_lease(store, control, read):
+    control.start("c", URL, T0)
+    old = won(store.acquire("c", "w1", T0))
+    won(store.acquire("c", "w1", T0 + 21_001))
+    # The old runner's renew, sent later by the wall clock than the new acquire:
+    assert store.renew(old, 9, T0 + 30_000) is RenewRefusal.LOST
+    item = read("c")
+    assert item is not None
+    assert (item.lease_epoch, item.lease_expires_at_ms, item.last_seq) == (2, T0 + 41_001, 0)
+
+
+def test_releasing_a_lease_no_longer_held_is_one_write_that_changes_nothing(
+    ddb, table, control, read
+):
+    spy = ClientSpy(ddb)
+    store = LeaseStore(spy, table, TIMING)
+    control.start("c", URL, T0)
+    old = won(store.acquire("c", "w1", T0))
+    won(store.acquire("c", "w2", T0 + 21_001))
+    before = read("c")
+    writes = spy.updates()
+    assert store.release(old, 5, T0 + 22_000) == Released(
+        released=False, restarted=False, checkpointed=False
+    )
+    assert spy.updates() == writes + 1  # no second try without the checkpoint
+    assert read("c") == before
+
+
+def test_a_release_whose_second_write_finds_the_lease_taken_frees_nothing(
+    ddb, table, control, read
+):
+    """The checkpoint was reset (restart with a new URL), so the release is sent again
+    without it; in between, the lease lapsed and another worker took it. The second
+    write must not free the new hold."""
+    spy = ClientSpy(ddb)
+    store = LeaseStore(spy, table, TIMING)
+    other = LeaseStore(ddb, table, TIMING)
+    control.start("c", URL, T0)
+    lease = won(store.acquire("c", "w1", T0))
+    control.stop("c", T0 + 1_000)
+    control.start("c", "wss://feed.example/b", T0 + 2_000)
+    taken: list[Lease] = []
+    first_release = spy.updates()
+    spy.before_update[first_release + 1] = lambda: taken.append(
+        won(other.acquire("c", "w2", T0 + 21_001))
+    )
+    released = store.release(lease, 40, T0 + 21_002)
+    assert released == Released(released=False, restarted=False, checkpointed=False)
+    assert spy.updates() == first_release + 2
+    item = read("c")
+    assert item is not None
+    assert (item.lease_owner, item.lease_epoch, item.lease_expires_at_ms, item.last_seq) == (
+        "w2",
+        taken[0].epoch,
+        T0 + 41_001,
+        0,
+    )

@@ -4,21 +4,33 @@ lease store: fencing when DynamoDB is unreachable, and the ending order."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import dataclasses
+import hashlib
 import io
+import itertools
+import json
+import logging
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from websockets.asyncio.server import ServerConnection, serve
 
 from local_stack.feed import serve_feed
+from worker import connection
 from worker.connection import ConnectionRunner, ConnectionSettings
 from worker.connection_state import Ending
 from worker.delivery import Delivery
 from worker.metrics import FleetMetrics
 from worker.upstream_protocol import JsonSeqProtocol
+from wsfleet import metric_names as m
 from wsfleet.lease_rules import Lease, RenewRefusal
 from wsfleet.lease_store import Released, Renewed
 from wsfleet.timing import LeaseTiming
@@ -42,6 +54,10 @@ class ScriptedStore:
     renews: int = 0
     release_errors: int = 0  # the first N release attempts raise, as a throttle would
     release_attempts: int = 0
+    release_attempted_at: list[float] = field(default_factory=list)  # time.monotonic()
+    release_restarted: bool = False  # what a successful release reports as `restarted`
+    parks: list[tuple[int, int, str]] = field(default_factory=list)
+    failing_marks: list[int | None] = field(default_factory=list)  # None: cleared
 
     def renew(self, lease: Lease, last_seq: int, now_ms: int) -> Renewed | RenewRefusal:
         self.renews += 1
@@ -59,10 +75,23 @@ class ScriptedStore:
 
     def release(self, lease: Lease, last_seq: int, now_ms: int) -> Released:
         self.release_attempts += 1
+        self.release_attempted_at.append(time.monotonic())
         if self.release_attempts <= self.release_errors:
             raise ConnectionError("throttled")
         self.releases.append((lease.epoch, last_seq))
-        return Released(released=True, restarted=False, checkpointed=True)
+        return Released(released=True, restarted=self.release_restarted, checkpointed=True)
+
+    def park(self, lease: Lease, last_seq: int, reason: str, now_ms: int) -> Released:
+        self.parks.append((lease.epoch, last_seq, reason))
+        return Released(released=True, restarted=False, checkpointed=True, parked=True)
+
+    def record_failing_since(self, lease: Lease, since_ms: int, now_ms: int) -> bool:
+        self.failing_marks.append(since_ms)
+        return True
+
+    def clear_failing_since(self, lease: Lease, now_ms: int) -> bool:
+        self.failing_marks.append(None)
+        return True
 
 
 class Recorder:
@@ -79,12 +108,14 @@ class Recorder:
     ) -> None:
         self.entered: list[tuple[float, int]] = []
         self.finished: list[int] = []
+        self.deliveries: list[Delivery] = []
         self.delay = delay
         self.slow_from = slow_from
         self.on_seq = dict(on_seq or {})
 
     async def handle(self, delivery: Delivery) -> None:
         self.entered.append((asyncio.get_running_loop().time(), delivery.seq))
+        self.deliveries.append(delivery)
         hook = self.on_seq.pop(delivery.seq, None)
         if hook is not None:
             await hook()
@@ -102,20 +133,28 @@ async def feed_url():
     await server.wait_closed()
 
 
-def make_runner(store: ScriptedStore, handler: Recorder, url: str) -> ConnectionRunner:
+def new_metrics() -> FleetMetrics:
+    return FleetMetrics(
+        namespace="T", service="s", task_id="t", active_connections=lambda: 1, out=io.StringIO()
+    )
+
+
+def make_runner(
+    store: ScriptedStore, handler: Recorder, url: str, **overrides: Any
+) -> ConnectionRunner:
+    """``overrides``: ConnectionSettings fields to set (metrics, rng, ping_interval...)."""
     settings = ConnectionSettings(
         store=store,  # type: ignore[arg-type]
         handler=handler,
         protocol=JsonSeqProtocol(),
-        metrics=FleetMetrics(
-            namespace="T", service="s", task_id="t", active_connections=lambda: 1, out=io.StringIO()
-        ),
+        metrics=new_metrics(),
         timing=TIMING,
         worker_id="w-test",
         wall_ms=lambda: time.time_ns() // 1_000_000,
         rng=random.Random(1),
         ping_interval=1.0,
     )
+    settings = dataclasses.replace(settings, **overrides)
     lease = Lease("c1", "w-test", epoch=4, start_gen=1, ws_url=url, last_seq=0, expires_at_ms=0)
     return ConnectionRunner(settings, lease, asyncio.get_running_loop().time())
 
@@ -333,3 +372,466 @@ async def test_an_ending_that_is_not_graceful_stops_new_calls_in_the_same_step(f
     outcome = await asyncio.wait_for(runner.run(), 3)
     assert outcome.ending is ending
     assert [seq for _, seq in handler.entered] == [1, 2, 3]
+
+
+# --- the reader against upstreams that misbehave, and the retry schedules -------------
+
+
+class MaxJitter(random.Random):
+    """Every backoff delay at its cap, so retry schedules are exact."""
+
+    def random(self) -> float:
+        return 1.0
+
+
+def feed_frame(seq: int) -> str:
+    return json.dumps({"seq": seq, "value": seq * 7})
+
+
+@dataclass
+class Upstream:
+    """An in-process upstream on loopback whose every connection runs ``script``; it
+    records when each connection came (loop time), with which ``from_seq``, and every
+    frame the worker sent."""
+
+    script: Callable[[ServerConnection, int], Awaitable[None]]
+    url: str = ""
+    connections: list[tuple[float, int]] = field(default_factory=list)
+    received: list[str | bytes] = field(default_factory=list)
+
+    async def _serve(self, ws: ServerConnection) -> None:
+        assert ws.request is not None
+        from_seq = int(parse_qs(urlsplit(ws.request.path).query)["from_seq"][0])
+        self.connections.append((asyncio.get_running_loop().time(), from_seq))
+        await self.script(ws, from_seq)
+
+    async def read_all(self, ws: ServerConnection) -> None:
+        async for data in ws:
+            self.received.append(data)
+
+    def gaps(self) -> list[float]:
+        times = [t for t, _ in self.connections]
+        return [b - a for a, b in itertools.pairwise(times)]
+
+
+@asynccontextmanager
+async def upstream(script: Callable[[ServerConnection, int], Awaitable[None]]):
+    up = Upstream(script)
+    async with serve(up._serve, "127.0.0.1", 0) as server:
+        up.url = f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/scripted"
+        yield up
+
+
+@asynccontextmanager
+async def raw_listener(*, handshake: bool) -> AsyncIterator[tuple[str, list[float]]]:
+    """A TCP listener that never says a word after accepting (``handshake=False``), or
+    that completes the WebSocket handshake and then goes silent: no pong, no close."""
+    accepted: list[float] = []
+    writers = []
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(asyncio.get_running_loop().time())
+        writers.append(writer)
+        if handshake:
+            request = await reader.readuntil(b"\r\n\r\n")
+            key = next(
+                line.split(b":", 1)[1].strip()
+                for line in request.split(b"\r\n")
+                if line.lower().startswith(b"sec-websocket-key:")
+            )
+            accept = base64.b64encode(
+                hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest()
+            )
+            writer.write(
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n"
+            )
+        while await reader.read(65536):  # swallow whatever comes, answer nothing
+            pass
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    try:
+        yield f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/silent", accepted
+    finally:
+        for writer in writers:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def stop_and_wait(runner: ConnectionRunner, task: asyncio.Task[Any], within: float = 3):
+    runner.stop()
+    outcome = await asyncio.wait_for(task, within)
+    await asyncio.wait_for(runner.wait_closed(), 3)
+    return outcome
+
+
+async def test_a_healthy_upstream_is_read_on_one_connection_and_payloads_pass_through(feed_url):
+    metrics = new_metrics()
+    store = ScriptedStore()
+    handler = Recorder()
+    runner = make_runner(store, handler, feed_url, metrics=metrics)
+    task = asyncio.create_task(runner.run())
+    await wait_for(lambda: len(handler.finished) >= 12, 5)
+    outcome = await stop_and_wait(runner, task)
+    assert outcome.ending is Ending.SHUTDOWN
+    counts = metrics.snapshot()
+    assert counts[m.UPSTREAM_RECONNECTS] == 0
+    assert counts[m.MESSAGES_PROCESSED] == len(handler.finished) == outcome.last_seq
+    first = handler.deliveries[0]
+    assert (first.connection_id, first.epoch, first.seq) == ("c1", 4, 1)
+    assert first.payload["seq"] == 1
+    assert first.payload["feed"] == "runner"  # the upstream's JSON object, as sent
+    # Renews went out on schedule: none was later than a heartbeat.
+    lateness = metrics.lateness_summary()
+    assert lateness["renews"] >= 1
+    assert 0 <= lateness["max_ms"] < TIMING.heartbeat * 1000
+
+
+async def test_pings_unreadable_frames_and_duplicates_do_not_leave_the_connection():
+    async def noisy(ws: ServerConnection, from_seq: int) -> None:
+        for frame in (
+            json.dumps({"type": "ping", "n": 1}),
+            feed_frame(from_seq),
+            "not json",
+            feed_frame(from_seq),  # a duplicate
+            json.dumps({"seq": 0}),
+            feed_frame(from_seq + 1),
+        ):
+            await ws.send(frame)
+        await up.read_all(ws)
+
+    async with upstream(noisy) as up:
+        store = ScriptedStore()
+        handler = Recorder()
+        runner = make_runner(store, handler, up.url)
+        task = asyncio.create_task(runner.run())
+        await wait_for(lambda: len(handler.finished) >= 2, 5)
+        await wait_for(lambda: len(up.received) >= 1, 5)
+        await asyncio.sleep(0.1)  # anything wrong (a reconnect, a third call) would show
+        outcome = await stop_and_wait(runner, task)
+    assert [seq for _, seq in handler.entered] == [1, 2]
+    assert json.loads(up.received[0]) == {"type": "pong", "n": 1}
+    assert [from_seq for _, from_seq in up.connections] == [1]
+    assert outcome.last_seq == 2
+
+
+async def test_a_gap_reconnects_from_the_checkpoint_instead_of_skipping(feed_url):
+    store = ScriptedStore()
+    handler = Recorder()
+    runner = make_runner(store, handler, feed_url + "?gap_after=2")
+    task = asyncio.create_task(runner.run())
+    await wait_for(lambda: len(handler.finished) >= 7, 5)
+    outcome = await stop_and_wait(runner, task)
+    assert outcome.ending is Ending.SHUTDOWN  # a gap is the upstream's fault, not a fence
+    assert handler.finished == list(range(1, len(handler.finished) + 1))
+
+
+@pytest.mark.parametrize(
+    ("max_bytes", "leaves"),
+    [
+        (256, True),  # the feed's 2 MiB frame is over the limit: the connection is left
+        (4 << 20, False),  # under it: read, found to carry no seq, skipped
+    ],
+)
+async def test_the_frame_size_limit_is_the_configured_one(feed_url, max_bytes, leaves):
+    metrics = new_metrics()
+    store = ScriptedStore()
+    handler = Recorder()
+    runner = make_runner(
+        store,
+        handler,
+        feed_url + "?oversize_after=1",
+        metrics=metrics,
+        max_message_bytes=max_bytes,
+        rng=MaxJitter(),
+    )
+    task = asyncio.create_task(runner.run())
+    await wait_for(lambda: len(handler.finished) >= 3, 5)
+    outcome = await stop_and_wait(runner, task)
+    assert handler.finished == list(range(1, len(handler.finished) + 1))
+    assert (metrics.snapshot()[m.UPSTREAM_RECONNECTS] > 0) is leaves
+    assert outcome.ending is Ending.SHUTDOWN
+
+
+async def test_reconnects_back_off_from_a_quarter_second_and_reset_after_progress():
+    """Connections that fail at once wait 0.25, 0.5, ... s (jitter at its cap); one
+    that delivered something is followed after 0.25 s again."""
+    progress_on = {3}  # the third connection delivers one message before closing
+
+    async def flaky(ws: ServerConnection, from_seq: int) -> None:
+        if len(up.connections) in progress_on:
+            await ws.send(feed_frame(from_seq))
+            await asyncio.sleep(0.05)
+        await ws.close()
+
+    async with upstream(flaky) as up:
+        store = ScriptedStore()
+        runner = make_runner(store, Recorder(), up.url, rng=MaxJitter())
+        task = asyncio.create_task(runner.run())
+        await wait_for(lambda: len(up.connections) >= 4, 5)
+        outcome = await stop_and_wait(runner, task)
+    gaps = up.gaps()
+    assert 0.25 <= gaps[0] < 0.25 + 0.15
+    assert 0.5 <= gaps[1] < 0.5 + 0.15
+    assert 0.25 <= gaps[2] - 0.05 < 0.25 + 0.15  # progress on the third: back to 0.25 s
+    assert outcome.last_seq == 1
+
+
+async def test_an_upstream_that_never_answers_the_handshake_is_retried():
+    async with raw_listener(handshake=False) as (url, accepted):
+        store = ScriptedStore()
+        runner = make_runner(store, Recorder(), url, open_timeout=0.2)
+        task = asyncio.create_task(runner.run())
+        await wait_for(lambda: len(accepted) >= 2, 2)
+        outcome = await stop_and_wait(runner, task)
+    assert outcome.ending is Ending.SHUTDOWN
+
+
+async def test_an_upstream_that_stops_answering_pings_is_left_and_resumed(feed_url):
+    metrics = new_metrics()
+    store = ScriptedStore()
+    handler = Recorder()
+    runner = make_runner(
+        store, handler, feed_url + "?mute_after=3", metrics=metrics, ping_interval=0.2
+    )
+    task = asyncio.create_task(runner.run())
+    await wait_for(lambda: len(handler.finished) >= 5, 5)
+    outcome = await stop_and_wait(runner, task)
+    assert metrics.snapshot()[m.UPSTREAM_RECONNECTS] >= 1
+    assert handler.finished == list(range(1, len(handler.finished) + 1))
+    assert outcome.ending is Ending.SHUTDOWN
+
+
+async def test_the_upstream_close_goes_on_in_the_background_and_is_bounded():
+    """An upstream that never answers the close: the release does not wait for it,
+    and the close gives up after its one-second timeout."""
+    async with raw_listener(handshake=True) as (url, _):
+        store = ScriptedStore()
+        runner = make_runner(store, Recorder(), url, ping_interval=30.0)
+        task = asyncio.create_task(runner.run())
+        await asyncio.sleep(0.2)  # connected, and idle: no frame ever comes
+        loop = asyncio.get_running_loop()
+        runner.stop()
+        outcome = await asyncio.wait_for(task, 1)
+        stopped = loop.time()
+        assert store.releases == [(4, 0)]  # released before the upstream closed
+        pending = {t.get_name(): t for t in asyncio.all_tasks()}
+        assert {"close:c1", "read:c1"} <= set(pending)  # the reader is still closing
+        await asyncio.wait_for(runner.wait_closed(), 3)
+        assert 0.8 < loop.time() - stopped < 1.6  # the close timeout, not the task bound
+        assert pending["read:c1"].done()
+    assert outcome.ending is Ending.SHUTDOWN
+
+
+async def test_a_handler_that_ignores_cancellation_cannot_hold_the_release(feed_url, monkeypatch):
+    """A stop with a call in flight waits for it until the drain deadline, and for a
+    cancelled call only a short while: the lease is released, and the close of the
+    connection gives up on the stuck task."""
+    monkeypatch.setattr(connection, "TASK_STOP_SECONDS", 0.2)
+    let_go = asyncio.Event()
+
+    async def stubborn() -> None:
+        while not let_go.is_set():
+            try:
+                await let_go.wait()
+            except asyncio.CancelledError:
+                continue
+
+    store = ScriptedStore()
+    handler = Recorder(on_seq={2: stubborn})
+    runner = make_runner(store, handler, feed_url)
+    task = asyncio.create_task(runner.run())
+    loop = asyncio.get_running_loop()
+    try:
+        await wait_for(lambda: len(handler.entered) >= 2, 5)
+        stopped = loop.time()
+        runner.stop()
+        outcome = await asyncio.wait_for(asyncio.shield(task), TIMING.drain_budget + 0.8)
+        assert loop.time() - stopped < TIMING.drain_budget + 0.8
+        assert (outcome.ending, outcome.last_seq, outcome.released) == (Ending.SHUTDOWN, 1, True)
+        await asyncio.wait_for(asyncio.shield(runner.wait_closed()), 0.6)
+    finally:
+        let_go.set()
+    (reader,) = [t for t in asyncio.all_tasks() if t.get_name() == "read:c1"]
+    await asyncio.wait_for(asyncio.shield(reader), 3)
+
+
+async def test_an_idle_connection_fences_on_time_when_dynamodb_hangs(feed_url):
+    """No frame comes, so no handler call checks the deadline: the renewer's own bound
+    must fence it."""
+    store = ScriptedStore(renew_answer="hang")
+    runner = make_runner(store, Recorder(), feed_url + "?count=0")
+    deadline = runner.fence_deadline
+    try:
+        outcome = await asyncio.wait_for(runner.run(), 2)
+        assert asyncio.get_running_loop().time() < deadline + 0.5
+    finally:
+        store.unblock.set()
+    assert outcome.ending is Ending.FENCED
+
+
+async def test_a_slow_handler_runs_on_while_the_lease_is_renewed(feed_url):
+    store = ScriptedStore()
+    handler = Recorder(delay=TIMING.fence_after + 0.3, slow_from=2)
+    runner = make_runner(store, handler, feed_url + "?count=2")
+    task = asyncio.create_task(runner.run())
+    await wait_for(lambda: handler.finished == [1, 2], 5)
+    assert not task.done()
+    outcome = await stop_and_wait(runner, task)
+    assert (outcome.ending, outcome.last_seq) == (Ending.SHUTDOWN, 2)
+
+
+async def test_a_handler_that_raises_timeout_error_itself_is_retried_not_fenced(feed_url):
+    async def times_out() -> None:
+        raise TimeoutError("the handler's own call timed out")
+
+    metrics = new_metrics()
+    store = ScriptedStore()
+    handler = Recorder(on_seq={2: times_out})
+    runner = make_runner(store, handler, feed_url, metrics=metrics, rng=MaxJitter())
+    task = asyncio.create_task(runner.run())
+    await wait_for(lambda: len(handler.finished) >= 4, 5)
+    outcome = await stop_and_wait(runner, task)
+    entries = [t for t, seq in handler.entered if seq == 2]
+    assert len(entries) == 2
+    assert 0.1 <= entries[1] - entries[0] < 0.1 + 0.2  # the first retry waits 0.1 s
+    assert handler.finished[:4] == [1, 2, 3, 4]
+    counts = metrics.snapshot()
+    assert (counts[m.HANDLER_ERRORS], counts[m.UPSTREAM_RECONNECTS]) == (1, 0)
+    assert outcome.ending is Ending.SHUTDOWN
+
+
+async def test_skip_mode_moves_past_a_failed_message_once(feed_url):
+    async def fails() -> None:
+        raise ValueError("bad message")
+
+    metrics = new_metrics()
+    store = ScriptedStore()
+    handler = Recorder(on_seq={3: fails})
+    runner = make_runner(store, handler, feed_url, metrics=metrics, skip_failed_messages=True)
+    task = asyncio.create_task(runner.run())
+    await wait_for(lambda: len(handler.finished) >= 5, 5)
+    outcome = await stop_and_wait(runner, task)
+    assert [seq for _, seq in handler.entered][:6] == [1, 2, 3, 4, 5, 6][: len(handler.entered)]
+    assert 3 not in handler.finished
+    counts = metrics.snapshot()
+    assert (counts[m.HANDLER_ERRORS], counts[m.UPSTREAM_RECONNECTS]) == (1, 0)
+    assert outcome.last_seq >= 6
+
+
+@pytest.mark.parametrize(
+    ("refusal", "release_saw_restart", "restarted", "renew_failures", "leases_lost"),
+    [
+        (RenewRefusal.RESTARTED, False, True, 0, 0),
+        (RenewRefusal.STOPPED, True, True, 0, 0),  # started again after the stop
+        (RenewRefusal.STOPPED, False, False, 0, 0),
+        (RenewRefusal.LOST, False, False, 1, 1),
+        (RenewRefusal.GONE, False, False, 0, 0),
+    ],
+)
+async def test_what_a_refused_renew_reports(
+    feed_url, refusal, release_saw_restart, restarted, renew_failures, leases_lost
+):
+    metrics = new_metrics()
+    store = ScriptedStore(release_restarted=release_saw_restart)
+    handler = Recorder()
+    runner = make_runner(store, handler, feed_url, metrics=metrics)
+    task = asyncio.create_task(runner.run())
+    await wait_for(lambda: len(handler.finished) >= 2, 5)
+    store.renew_answer = refusal
+    outcome = await asyncio.wait_for(task, 3)
+    assert outcome.restarted is restarted
+    counts = metrics.snapshot()
+    assert (counts[m.RENEW_FAILURES], counts[m.LEASES_LOST]) == (renew_failures, leases_lost)
+
+
+async def test_a_superseded_renew_keeps_the_connection(feed_url):
+    store = ScriptedStore(renew_answer=RenewRefusal.SUPERSEDED)
+    handler = Recorder()
+    runner = make_runner(store, handler, feed_url)
+    task = asyncio.create_task(runner.run())
+    await wait_for(lambda: store.renews >= 1, 5)
+    store.renew_answer = "ok"
+    await wait_for(lambda: store.renews >= 3, 5)
+    assert not task.done()
+    outcome = await stop_and_wait(runner, task)
+    assert outcome.ending is Ending.SHUTDOWN
+
+
+async def test_a_lost_lease_cancels_the_call_in_flight_without_counting_a_handler_error(
+    feed_url,
+):
+    metrics = new_metrics()
+    store = ScriptedStore()
+    handler = Recorder(delay=30.0, slow_from=3)
+    runner = make_runner(store, handler, feed_url, metrics=metrics)
+    task = asyncio.create_task(runner.run())
+    await wait_for(lambda: len(handler.entered) >= 3, 5)
+    runner.stop(Ending.LOST)
+    outcome = await asyncio.wait_for(task, 3)
+    await asyncio.wait_for(runner.wait_closed(), 3)
+    assert (outcome.ending, outcome.last_seq, outcome.released) == (Ending.LOST, 2, False)
+    assert handler.finished == [1, 2]
+    assert metrics.snapshot()[m.HANDLER_ERRORS] == 0
+
+
+async def test_a_renewer_cancelled_from_outside_fences_and_releases(feed_url, caplog):
+    caplog.set_level(logging.INFO, logger="worker.connection")
+    store = ScriptedStore()
+    handler = Recorder()
+    runner = make_runner(store, handler, feed_url)
+    task = asyncio.create_task(runner.run())
+    await wait_for(lambda: len(handler.finished) >= 2, 5)
+    (renewer,) = [t for t in asyncio.all_tasks() if t.get_name() == "renew:c1"]
+    renewer.cancel()
+    outcome = await asyncio.wait_for(task, 3)
+    assert outcome.ending is Ending.FENCED
+    assert store.releases == [(4, outcome.last_seq)]
+    records = {r.getMessage(): r for r in caplog.records}
+    assert records["connection task ended unexpectedly"].error == "cancelled"
+    fenced = [r for r in caplog.records if r.getMessage() == "fenced: stop handling"]
+    assert len(fenced) == 1  # said once, when it happened
+    assert records["connection ended"].released is True
+
+
+async def test_a_crashed_task_is_logged_with_what_ended_it(feed_url, caplog):
+    caplog.set_level(logging.INFO, logger="worker.connection")
+    store = ScriptedStore()
+    handler = Recorder()
+    runner = make_runner(store, handler, feed_url)
+    task = asyncio.create_task(runner.run())
+    await wait_for(lambda: len(handler.finished) >= 2, 5)
+    store.renew_answer = "crash"
+    outcome = await asyncio.wait_for(task, 3)
+    assert outcome.ending is Ending.FENCED
+    records = {r.getMessage(): r for r in caplog.records}
+    assert records["connection task ended unexpectedly"].error == repr(
+        _Crash("a bug, not an AWS error")
+    )
+
+
+async def test_release_retries_back_off_from_fifty_ms_up_to_half_a_heartbeat(feed_url):
+    store = ScriptedStore(release_errors=5)
+    runner = make_runner(store, Recorder(), feed_url, rng=MaxJitter())
+    task = asyncio.create_task(runner.run())
+    await asyncio.sleep(0.1)
+    outcome = await stop_and_wait(runner, task)
+    assert outcome.released
+    attempts = store.release_attempted_at
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    # 0.05, 0.1, then capped at heartbeat / 2 = 0.125 (a gap is never shorter than its wait)
+    waits = [0.05, 0.1, 0.125, 0.125, 0.125]
+    assert all(gap >= wait - 0.005 for gap, wait in zip(gaps, waits, strict=True)), gaps
+    assert attempts[-1] - attempts[0] < 0.525 + 0.25
+
+
+async def test_release_retries_stop_within_the_release_budget(feed_url):
+    store = ScriptedStore(release_errors=1_000)
+    runner = make_runner(store, Recorder(), feed_url, rng=MaxJitter())
+    task = asyncio.create_task(runner.run())
+    await asyncio.sleep(0.1)
+    outcome = await stop_and_wait(runner, task, within=2 * TIMING.release_budget)
+    assert not outcome.released
+    attempts = store.release_attempted_at
+    assert TIMING.release_budget - 0.25 < attempts[-1] - attempts[0] < TIMING.release_budget

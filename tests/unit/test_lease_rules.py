@@ -338,3 +338,90 @@ def test_the_failing_mark_is_written_and_removed_only_by_the_holder():
     assert mark.update_expression.startswith("SET #failing = :since")
     assert mark.values[":since"] == {"N": str(NOW - 250)}
     assert cleared.update_expression.startswith("REMOVE #failing")
+
+
+@pytest.mark.parametrize(
+    ("owner", "expiry", "latency"),
+    [
+        (None, 0, None),  # never taken, or released
+        (None, NOW - 3000, None),  # no holder: nothing was taken over, whatever the expiry
+        ("w", 0, None),  # a holder with no expiry written: no moment to measure from
+        ("w", 1, NOW - 1),  # the smallest real expiry counts
+        ("w", NOW - 3000, 3000),
+        ("w", NOW, 0),
+        ("w", NOW + 10, 0),  # taken within the skew: clamped, never negative
+    ],
+)
+def test_takeover_latency_is_measured_only_from_a_lapsed_holder(owner, expiry, latency):
+    old = item(lease_owner=owner, lease_expires_at_ms=expiry, lease_epoch=2)
+    assert lease_won(old, ME, NOW, TIMING).takeover_latency_ms == latency
+
+
+def test_lease_won_carries_everything_the_runner_needs_from_the_old_item():
+    old = item(
+        ws_url="wss://feed.example/other",
+        lease_owner="w",
+        lease_token="theirs",
+        lease_epoch=6,
+        lease_expires_at_ms=NOW - 5000,
+        last_seq=31,
+        start_gen=4,
+        seq_gen=2,
+    )
+    assert lease_won(old, ME, NOW, TIMING) == Lease(
+        connection_id="c1",
+        owner=ME,
+        epoch=7,
+        start_gen=4,
+        ws_url="wss://feed.example/other",
+        last_seq=31,
+        expires_at_ms=NOW + 20_000,
+        takeover_latency_ms=5000,
+        seq_gen=2,
+    )
+
+
+def test_an_adopted_lease_is_the_stored_one_field_by_field():
+    """Adoption takes the lease exactly as the landed attempt wrote it: the stored epoch
+    and expiry (which the fence proof relies on), the URL, checkpoint and both
+    generations the release and the renews are conditioned on."""
+    old = item(
+        ws_url="wss://feed.example/other",
+        lease_owner=ME,
+        lease_token="tok",
+        lease_epoch=7,
+        lease_expires_at_ms=NOW + 20_000,
+        last_seq=42,
+        start_gen=3,
+        seq_gen=2,
+    )
+    assert acquire_failure(old, ME, "tok") == Lease(
+        connection_id="c1",
+        owner=ME,
+        epoch=7,
+        start_gen=3,
+        ws_url="wss://feed.example/other",
+        last_seq=42,
+        expires_at_ms=NOW + 20_000,
+        takeover_latency_ms=None,
+        seq_gen=2,
+    )
+
+
+@pytest.mark.parametrize(
+    ("stored_owner", "stored_token", "expected"),
+    [
+        (ME, "tok", Lease),  # this very attempt landed
+        (ME, "other", AcquireRefusal.HELD),  # an older attempt of mine
+        ("other", "tok", AcquireRefusal.HELD),  # the same token, another worker
+        (None, "tok", AcquireRefusal.HELD),
+        (None, None, AcquireRefusal.HELD),
+    ],
+)
+def test_adoption_needs_both_the_owner_and_the_token(stored_owner, stored_token, expected):
+    old = item(lease_owner=stored_owner, lease_token=stored_token, lease_expires_at_ms=NOW)
+    result = acquire_failure(old, ME, "tok")
+    if expected is Lease:
+        assert isinstance(result, Lease)
+    else:
+        assert result is expected
