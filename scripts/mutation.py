@@ -124,6 +124,26 @@ def load_exit_codes(module: str) -> dict[str, int | None]:
     return codes
 
 
+def reset_survivors() -> int:
+    """Mark every surviving mutant of an earlier run as not yet tested, so a ``--keep``
+    run tests it again: mutmut keeps a verdict until the mutated function changes, and
+    a test added since could kill it now. Kills stand (a mutant the tests killed once
+    stays killed while the tests only grow)."""
+    reset = 0
+    for module in TARGETS:
+        meta = REPO / "mutants" / f"{module}.meta"
+        if not meta.exists():
+            continue
+        data = json.loads(meta.read_text())
+        codes = data["exit_code_by_key"]
+        for name, code in codes.items():
+            if code in SURVIVED_CODES:
+                codes[name] = None
+                reset += 1
+        meta.write_text(json.dumps(data, indent=4))
+    return reset
+
+
 def score_modules(equivalents: dict[str, Equivalent]) -> dict[str, ModuleScore]:
     """Score every module, and check the equivalent list against the results: each
     listed mutant must exist, must not have been killed (then it is not equivalent),
@@ -224,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keep",
         action="store_true",
-        help="reuse mutants/ from an earlier run (mutmut re-tests changed functions only)",
+        help="reuse mutants/ from an earlier run: test its survivors and changed functions again",
     )
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--score-only", action="store_true", help="score mutants/ as it is")
@@ -233,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(REPO)
     equivalents = read_equivalents()
     if not options.score_only:
-        if not options.keep:
+        if options.keep:
+            print(f"[mutation] testing {reset_survivors()} survivors again", flush=True)
+        else:
             shutil.rmtree(REPO / "mutants", ignore_errors=True)
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
