@@ -316,7 +316,7 @@ def test_park_releases_with_the_final_checkpoint_and_marks_the_item(store, contr
     lease = parked_lease(store, control, last_seq=5)
     assert store.record_failing_since(lease, T0 + 100, T0 + 100)
     parked = store.park(lease, 9, REASON, T0 + 2_000)
-    assert (parked.released, parked.parked, parked.checkpointed) == (True, True, True)
+    assert parked == Released(released=True, restarted=False, checkpointed=True, parked=True)
     item = read("p")
     assert item is not None
     assert item.lease_owner is None
@@ -327,7 +327,9 @@ def test_park_releases_with_the_final_checkpoint_and_marks_the_item(store, contr
     assert item.lease_expires_at_ms == schema.PARKED_EXPIRY_MS
     assert item.desired_state == schema.STARTED  # the router's alone
     # A second park (a retry after a lost answer) finds nothing of ours.
-    assert store.park(lease, 9, REASON, T0 + 2_001).released is False
+    assert store.park(lease, 9, REASON, T0 + 2_001) == Released(
+        released=False, restarted=False, checkpointed=False
+    )
 
 
 def test_a_parked_connection_is_refused_and_never_an_orphan(store, control, read):

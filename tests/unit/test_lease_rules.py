@@ -425,3 +425,22 @@ def test_adoption_needs_both_the_owner_and_the_token(stored_owner, stored_token,
         assert isinstance(result, Lease)
     else:
         assert result is expected
+
+
+def test_an_adopted_lease_keeps_the_failing_clock_of_the_item():
+    old = item(lease_owner=ME, lease_token="tok", lease_epoch=2, failing_since_ms=NOW - 5_000)
+    adopted = acquire_failure(old, ME, "tok")
+    assert isinstance(adopted, Lease)
+    assert adopted.failing_since_ms == NOW - 5_000
+
+
+@pytest.mark.parametrize(
+    "update",
+    [
+        lambda: failing_since_update(lease(), NOW - 5_000, NOW),
+        lambda: failing_cleared_update(lease(), NOW),
+    ],
+    ids=["mark", "clear"],
+)
+def test_the_failing_mark_writes_stamp_the_time_of_the_write(update):
+    assert update().values[":now"] == {"N": str(NOW)}
