@@ -277,21 +277,6 @@ async def test_a_handler_raising_cancelled_error_is_a_handler_failure_not_a_sile
     assert outcome.ending is Ending.SHUTDOWN
 
 
-async def test_a_reader_cancelled_from_outside_fences_and_releases(feed_url):
-    """Whenever the reader ends while the connection is not ending, even cancelled by
-    something other than the runner, the connection fences and releases."""
-    store = ScriptedStore()
-    handler = Recorder()
-    runner = make_runner(store, handler, feed_url)
-    task = asyncio.create_task(runner.run())
-    await wait_for(lambda: len(handler.finished) >= 2, 5)
-    (reader,) = [t for t in asyncio.all_tasks() if t.get_name() == "read:c1"]
-    reader.cancel()
-    outcome = await asyncio.wait_for(task, 3)
-    assert outcome.ending is Ending.FENCED
-    assert store.releases == [(4, outcome.last_seq)]
-
-
 async def test_a_stop_bounds_the_call_in_flight_by_the_deadline_of_that_moment(feed_url):
     """Renews go on during a graceful ending; they must not stretch the deadline of
     the call in flight, or a slow handler holds the shutdown open without end."""
@@ -778,15 +763,18 @@ async def test_a_lost_lease_cancels_the_call_in_flight_without_counting_a_handle
     assert metrics.snapshot()[m.HANDLER_ERRORS] == 0
 
 
-async def test_a_renewer_cancelled_from_outside_fences_and_releases(feed_url, caplog):
+@pytest.mark.parametrize("task_name", ["read:c1", "renew:c1"])
+async def test_a_task_cancelled_from_outside_fences_and_releases(feed_url, caplog, task_name):
+    """Whenever the reader or the renewer ends while the connection is not ending, even
+    cancelled by something other than the runner, the connection fences and releases."""
     caplog.set_level(logging.INFO, logger="worker.connection")
     store = ScriptedStore()
     handler = Recorder()
     runner = make_runner(store, handler, feed_url)
     task = asyncio.create_task(runner.run())
     await wait_for(lambda: len(handler.finished) >= 2, 5)
-    (renewer,) = [t for t in asyncio.all_tasks() if t.get_name() == "renew:c1"]
-    renewer.cancel()
+    (victim,) = [t for t in asyncio.all_tasks() if t.get_name() == task_name]
+    victim.cancel()
     outcome = await asyncio.wait_for(task, 3)
     assert outcome.ending is Ending.FENCED
     assert store.releases == [(4, outcome.last_seq)]
