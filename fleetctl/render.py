@@ -163,15 +163,8 @@ def lapsed(view: Mapping[str, Any]) -> bool:
 
 
 def fleet_row(view: Mapping[str, Any], rate: float | None) -> list[str]:
-    return [
-        cell(view.get("connection_id")),
-        cell(view.get("state")),
-        cell(view.get("owner")),
-        format_lease(view.get("lease_seconds_left")),
-        cell(view.get("epoch")),
-        cell(view.get("last_seq")),
-        format_rate(rate),
-    ]
+    """:func:`connection_row` with the rate in place of the URL."""
+    return [*connection_row(view)[:-1], format_rate(rate)]
 
 
 def fleet_table(views: Sequence[Mapping[str, Any]], rates: Mapping[str, float | None]) -> list[str]:

@@ -25,7 +25,7 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from local_stack.feed import serve_feed
 from worker import connection
-from worker.connection import ConnectionRunner, ConnectionSettings
+from worker.connection import ConnectionRunner, ConnectionSettings, Outcome
 from worker.connection_state import Ending
 from worker.delivery import Delivery
 from worker.metrics import FleetMetrics
@@ -314,14 +314,20 @@ async def test_cancelling_run_still_releases_with_the_final_checkpoint(feed_url)
     assert store.releases == [(4, 3)]
 
 
+async def stop_after(store: ScriptedStore, url: str, handled: int) -> Outcome:
+    """Run a connection until ``handled`` messages were handled, stop it and wait
+    (for up to twice the release budget) for its outcome."""
+    handler = Recorder()
+    runner = make_runner(store, handler, url)
+    task = asyncio.create_task(runner.run())
+    await wait_for(lambda: len(handler.finished) >= handled, 5)
+    runner.stop()
+    return await asyncio.wait_for(task, 2 * TIMING.release_budget)
+
+
 async def test_a_failed_release_is_retried(feed_url):
     store = ScriptedStore(release_errors=2)
-    handler = Recorder()
-    runner = make_runner(store, handler, feed_url)
-    task = asyncio.create_task(runner.run())
-    await wait_for(lambda: len(handler.finished) >= 3, 5)
-    runner.stop()
-    outcome = await asyncio.wait_for(task, 2 * TIMING.release_budget)
+    outcome = await stop_after(store, feed_url, 3)
     assert store.release_attempts == 3
     assert outcome.released
     assert store.releases == [(4, outcome.last_seq)]
@@ -330,12 +336,7 @@ async def test_a_failed_release_is_retried(feed_url):
 
 async def test_a_release_that_keeps_failing_gives_up_within_its_budget(feed_url):
     store = ScriptedStore(release_errors=1_000)
-    handler = Recorder()
-    runner = make_runner(store, handler, feed_url)
-    task = asyncio.create_task(runner.run())
-    await wait_for(lambda: len(handler.finished) >= 1, 5)
-    runner.stop()
-    outcome = await asyncio.wait_for(task, 2 * TIMING.release_budget)
+    outcome = await stop_after(store, feed_url, 1)
     assert not outcome.released
     assert store.release_attempts > 2
 
