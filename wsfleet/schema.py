@@ -26,6 +26,17 @@ OWNER_INDEX_NAME: Final = "by-owner"
 """A session's connections: ``owner_key`` moves only when ownership does."""
 OWNER_KEY: Final = "owner_key"
 """``<worker_id>#<session_gen>#<shard>`` while owned; absent when free."""
+OWNER_INDEX_PROJECTION: Final = (
+    "lease_owner",
+    "owner_session_gen",
+    "desired_state",
+    "start_gen",
+    "lease_epoch",
+    "seq_gen",
+    "last_seq",
+    "parked_reason",
+)
+"""What a takeover decides on; all of it changes only with ownership or the router."""
 OWNER_SHARDS: Final = 4
 """A session's connections spread over this many index partitions, so a takeover of
 a large session does not write one index partition at a thousand writes a second."""
