@@ -15,20 +15,13 @@ def _iso(ms: int | None) -> str | None:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
 
 
-def lease_seconds_left(item: ConnectionItem, now_ms: int) -> float | None:
-    """Seconds until the lease lapses (0 once lapsed); None when nobody holds it."""
-    if item.lease_owner is None:
-        return None
-    return round(max(0, item.lease_expires_at_ms - now_ms) / 1000, 3)
-
-
 def connection_view(item: ConnectionItem, now_ms: int) -> dict[str, Any]:
     return {
         "connection_id": item.connection_id,
         "state": item.desired_state,
         "ws_url": item.ws_url,
         "owner": item.lease_owner,
-        "lease_seconds_left": lease_seconds_left(item, now_ms),
+        "owner_session_gen": item.owner_session_gen,
         "epoch": item.lease_epoch,
         "last_seq": item.last_seq,
         "start_gen": item.start_gen,
