@@ -66,6 +66,8 @@ class ConnectionItem:
     ws_url: str
     lease_owner: str | None = None
     owner_session_gen: int | None = None
+    owner_key: str | None = None
+    free_shard: str | None = None
     lease_epoch: int = 0
     lease_token: str | None = None
     last_seq: int = 0
@@ -88,6 +90,8 @@ class ConnectionItem:
             ws_url=str(plain.get(schema.WS_URL, "")),
             lease_owner=plain.get(schema.LEASE_OWNER),
             owner_session_gen=_opt_int(plain.get(schema.OWNER_SESSION_GEN)),
+            owner_key=plain.get(schema.OWNER_KEY),
+            free_shard=plain.get(schema.FREE_SHARD),
             lease_epoch=int(plain.get(schema.LEASE_EPOCH, 0)),
             lease_token=plain.get(schema.LEASE_TOKEN),
             last_seq=int(plain.get(schema.LAST_SEQ, 0)),
