@@ -95,6 +95,7 @@ class Worker:
         self._deadline = 0.0
         """The session's fence deadline (loop time): no handler call at or after it."""
         self._keeper: SessionKeeper | None = None
+        self._last_renew_sent: float | None = None
         self._opening: asyncio.Task[None] | None = None
         self._notices_in_progress: set[str] = set()
         self._page_written: dict[str, tuple[int, int, int]] = {}
@@ -340,6 +341,7 @@ class Worker:
                 continue
             self._session_gen = gen
             self._deadline = lease_rules.fence_deadline(sent_at, timing)
+            self._last_renew_sent = sent_at
             self._keeper = SessionKeeper(
                 self._renewals,
                 self.worker_id,
@@ -358,7 +360,11 @@ class Worker:
     def _renewed(self, gen: int, sent_at: float, lateness: float, notices: frozenset[str]) -> None:
         if gen != self._session_gen:
             return
+        now = asyncio.get_running_loop().time()
+        gap = None if self._last_renew_sent is None else sent_at - self._last_renew_sent
+        self._last_renew_sent = sent_at
         self.metrics.renew_lateness(lateness)
+        self.metrics.session_renewed(gap, self._deadline - now)
         self._deadline = max(
             self._deadline, lease_rules.fence_deadline(sent_at, self.config.timing)
         )
@@ -568,6 +574,7 @@ class Worker:
 
     def _flush_and_log(self) -> None:
         lateness = self.metrics.lateness_summary()
+        session = self.metrics.session_summary()
         counts = self.metrics.snapshot()
         try:
             self.metrics.flush(self._wall_ms())
@@ -582,6 +589,7 @@ class Worker:
                 "messages_processed": counts[m.MESSAGES_PROCESSED],
                 "session_gen": self._session_gen,
                 "renew_lateness": lateness,
+                "session_renews": session,
             },
         )
 

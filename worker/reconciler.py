@@ -175,11 +175,24 @@ class Reconciler:
             return []
         page = await self._call(self._sessions.read_page, session.worker_id, session.session_gen)
         self._rng.shuffle(started)
-        return await self._take_each(
+        conflicts_before = self._store.takeover_conflicts
+        taken = await self._take_each(
             (item.connection_id for item in started),
             {item.connection_id: item for item in started},
             lambda cid, items: self._owner.take_over(items[cid], session, page),
         )
+        log.info(
+            "dead session swept",
+            extra={
+                "session_worker": session.worker_id,
+                "session_gen": session.session_gen,
+                "entries": len(started),
+                "taken": len(taken),
+                "failed_conditional_writes": self._store.takeover_conflicts - conflicts_before,
+                "page_entries": 0 if page is None else len(page.entries),
+            },
+        )
+        return taken
 
     # --- 2. own connections --------------------------------------------------------------
 

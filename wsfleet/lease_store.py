@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -60,10 +61,18 @@ class LeaseStore:
         self._client = client
         self._table = table_name
         self._timing = timing
+        self._lock = threading.Lock()
+        self._takeover_conflicts = 0
 
     @property
     def timing(self) -> LeaseTiming:
         return self._timing
+
+    @property
+    def takeover_conflicts(self) -> int:
+        """Takeover writes refused by their condition so far (each one billed as a
+        write unit): the cost of racing other takers or the item changing."""
+        return self._takeover_conflicts
 
     def acquire(
         self,
@@ -109,6 +118,8 @@ class LeaseStore:
             try:
                 old = self._update(seen.connection_id, update, return_values="ALL_OLD")
             except ConditionFailedError as failed:
+                with self._lock:
+                    self._takeover_conflicts += 1
                 step = lease_rules.takeover_failure(failed.old, seen)
                 if step is TakeoverStep.RETRY and failed.old is not None:
                     seen = failed.old
