@@ -186,10 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=500)
     parser.add_argument("--stalls", type=int, default=5)
     parser.add_argument("--stall", type=float, default=1.2, help="seconds per DynamoDB stall")
+    parser.add_argument("--work-dir", type=Path, help="keep the logs here (default: a temp dir)")
     args = parser.parse_args(argv)
     try:
         with sigterm_as_interrupt(), tempfile.TemporaryDirectory(prefix="health-") as tmp:
-            result = run(args, Path(tmp))
+            result = run(args, args.work_dir or Path(tmp))
     except KeyboardInterrupt:
         print("interrupted; every child process has been stopped", file=sys.stderr)
         return 130

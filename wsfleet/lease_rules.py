@@ -149,6 +149,17 @@ def lease_won(
     )
 
 
+def landed(old: ConnectionItem, owner: str, session_gen: int, token: str) -> bool:
+    """The item a failed acquire or takeover returned was written by that very attempt
+    (owner, session and token are its own): an SDK retry of a write that had landed is
+    being reported as a failure, and the connection is this session's."""
+    return (
+        old.lease_owner == owner
+        and old.owner_session_gen == session_gen
+        and old.lease_token == token
+    )
+
+
 class AcquireRefusal(enum.Enum):
     """Why an acquire's (or a takeover's) condition failed."""
 
@@ -173,11 +184,7 @@ def acquire_failure(
     """
     if old is None:
         return AcquireRefusal.UNKNOWN_ID
-    if (
-        old.lease_owner == owner
-        and old.owner_session_gen == session_gen
-        and old.lease_token == token
-    ):
+    if landed(old, owner, session_gen, token):
         return lease_won(old, owner, session_gen, epoch=old.lease_epoch)
     if not old.started:
         return AcquireRefusal.STOPPED

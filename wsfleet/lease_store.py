@@ -120,6 +120,18 @@ class LeaseStore:
             except ConditionFailedError as failed:
                 with self._lock:
                     self._takeover_conflicts += 1
+                if failed.old is not None and lease_rules.landed(
+                    failed.old, owner, session_gen, token
+                ):
+                    # An SDK retry of this very takeover, which had landed.
+                    return lease_rules.lease_won(
+                        failed.old,
+                        owner,
+                        session_gen,
+                        epoch=failed.old.lease_epoch,
+                        last_seq=failed.old.last_seq,
+                        takeover_latency_ms=latency_ms,
+                    )
                 step = lease_rules.takeover_failure(failed.old, seen)
                 if step is TakeoverStep.RETRY and failed.old is not None:
                     seen = failed.old
