@@ -114,8 +114,11 @@ def summarise(
         "gap_max_ms": max(
             (float(s["gap_max_ms"]) for s in sessions if "gap_max_ms" in s), default=None
         ),
-        "min_slack_ms": min(
-            (float(s["min_slack_ms"]) for s in sessions if "min_slack_ms" in s), default=None
+        "min_slack_ms": min_slack(stats),
+        "min_slack_ms_outside_stalls": min_slack(calm),
+        "gap_max_ms_outside_stalls": max_gap(calm),
+        "min_slack_ms_in_stalls": min_slack(stalled),
+        "gap_max_ms_in_stalls": max_gap(stalled),
         ),
         "pauses": len(holder.logged("session fence deadline passed: pausing")),
         "reaped": len(holder.logged("session reaped: its connections are lost")),
@@ -163,15 +166,16 @@ def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
         print(f"  {time.time() - began:6.1f} s  {n} released after {released:.1f} s", flush=True)
         end_at = began + args.duration
         stall_every = max(10.0, (end_at - time.time()) / (args.stalls + 1))
-        stalls = 0
-        while time.time() + stall_every < end_at and stalls < args.stalls:
+        stall_times: list[float] = []
+        while time.time() + stall_every < end_at and len(stall_times) < args.stalls:
             time.sleep(stall_every)
+            stall_times.append(time.time())
             proxy.blackhole()
             time.sleep(args.stall)
             proxy.heal()
-            stalls += 1
             print(
-                f"  {time.time() - began:6.1f} s  stall {stalls} of {args.stall} s healed",
+                f"  {time.time() - began:6.1f} s  stall {len(stall_times)} of {args.stall} s"
+                " healed",
                 flush=True,
             )
         time.sleep(max(0.0, end_at - time.time()) + 2 * STATS_INTERVAL_S)
