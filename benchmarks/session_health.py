@@ -119,7 +119,6 @@ def summarise(
         "gap_max_ms_outside_stalls": max_gap(calm),
         "min_slack_ms_in_stalls": min_slack(stalled),
         "gap_max_ms_in_stalls": max_gap(stalled),
-        ),
         "pauses": len(holder.logged("session fence deadline passed: pausing")),
         "reaped": len(holder.logged("session reaped: its connections are lost")),
         "sessions_opened": len(holder.logged("session opened")),
