@@ -25,7 +25,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from local_stack.clock import wait_until
 from local_stack.options import whole_number
 from local_stack.services import LOCAL_CREDENTIALS, LOCAL_REGION
-from wsfleet import schema
+from wsfleet import table_layout
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -69,32 +69,9 @@ class Resources:
 
 
 def table_indexes() -> list[dict[str, Any]]:
-    """The three global secondary indexes of docs/DESIGN.md §2 (the CDK stack builds
-    the same ones)."""
-
-    def index(name: str, partition: str, projection: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "IndexName": name,
-            "KeySchema": [
-                {"AttributeName": partition, "KeyType": "HASH"},
-                {"AttributeName": schema.PARTITION_KEY, "KeyType": "RANGE"},
-            ],
-            "Projection": projection,
-        }
-
-    return [
-        index(
-            schema.STATE_INDEX_NAME,
-            schema.STATE_INDEX_PARTITION_KEY,
-            {"ProjectionType": "KEYS_ONLY"},
-        ),
-        index(
-            schema.OWNER_INDEX_NAME,
-            schema.OWNER_KEY,
-            {"ProjectionType": "INCLUDE", "NonKeyAttributes": list(schema.OWNER_INDEX_PROJECTION)},
-        ),
-        index(schema.UNOWNED_INDEX_NAME, schema.FREE_SHARD, {"ProjectionType": "KEYS_ONLY"}),
-    ]
+    """The three global secondary indexes of docs/DESIGN.md §2, from
+    ``wsfleet.table_layout`` (the CDK stack builds the same ones from it)."""
+    return [index.create_table_entry() for index in table_layout.INDEXES]
 
 
 def create_connection_table(client: DynamoDBClient, table_name: str) -> None:
@@ -102,23 +79,18 @@ def create_connection_table(client: DynamoDBClient, table_name: str) -> None:
     ``by-desired-state``, ``by-owner`` and ``unowned``. A table of that name that
     already exists is used as it is if it has them; returns once it is ACTIVE."""
     indexes = table_indexes()
+    partition, sort = table_layout.TABLE_KEY
     try:
         client.create_table(
             TableName=table_name,
             BillingMode="PAY_PER_REQUEST",
             AttributeDefinitions=[
-                {"AttributeName": name, "AttributeType": "S"}
-                for name in (
-                    schema.PARTITION_KEY,
-                    schema.SORT_KEY,
-                    schema.STATE_INDEX_PARTITION_KEY,
-                    schema.OWNER_KEY,
-                    schema.FREE_SHARD,
-                )
+                {"AttributeName": name, "AttributeType": table_layout.KEY_ATTRIBUTE_TYPE}
+                for name in table_layout.key_attributes()
             ],
             KeySchema=[
-                {"AttributeName": schema.PARTITION_KEY, "KeyType": "HASH"},
-                {"AttributeName": schema.SORT_KEY, "KeyType": "RANGE"},
+                {"AttributeName": partition, "KeyType": "HASH"},
+                {"AttributeName": sort, "KeyType": "RANGE"},
             ],
             GlobalSecondaryIndexes=indexes,  # type: ignore[arg-type]
         )
@@ -129,7 +101,7 @@ def create_connection_table(client: DynamoDBClient, table_name: str) -> None:
         present = {index.get("IndexName") for index in table.get("GlobalSecondaryIndexes", [])}
         missing = sorted({str(index["IndexName"]) for index in indexes} - present)
         keys = [key["AttributeName"] for key in table.get("KeySchema", [])]
-        if missing or keys != [schema.PARTITION_KEY, schema.SORT_KEY]:
+        if missing or keys != [partition, sort]:
             raise ResourceError(
                 f"table {table_name} exists with another key or without the indexes"
                 f" {', '.join(missing) or '(none missing)'}; delete it or choose another name"
