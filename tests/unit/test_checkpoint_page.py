@@ -33,9 +33,13 @@ def test_entries_are_packed_as_rows_of_json_then_zlib():
     assert rows == [["c1", 3, 0, 41, 250], ["c2", 1, 2, 0, -1], ["c3", 9, 1, 7, 0]]
 
 
-def test_the_json_is_compact():
-    blob = zlib.decompress(encode_entries({"c1": ENTRIES["c1"]}, WRITTEN))
-    assert blob == b'[["c1",3,0,41,250]]'
+def test_the_stored_bytes_are_compact_json_at_zlibs_default_level():
+    """The exact bytes: the JSON with no spaces, compressed at level 6 (whose zlib
+    header is 78 9c; levels 7 to 9 would write 78 da)."""
+    blob = encode_entries({"c1": ENTRIES["c1"]}, WRITTEN)
+    assert zlib.decompress(blob) == b'[["c1",3,0,41,250]]'
+    assert blob == zlib.compress(b'[["c1",3,0,41,250]]', 6)
+    assert blob[:2] == b"\x78\x9c"
 
 
 @pytest.mark.parametrize(
