@@ -403,37 +403,56 @@ class Worker:
         """The router stopped or restarted some of this session's connections: read
         each named item strongly and end its runner accordingly; the next renew
         removes the notices acted on."""
-        loop = asyncio.get_running_loop()
         acted: set[str] = set()
         try:
             for token in tokens:
-                cid = session_rules.notice_connection_id(token)
-                if cid in self._acquiring:
-                    continue  # decided by the acquire's own answer; look again later
-                runner = self._runners.get(cid)
-                if runner is None:
+                if await self._recheck(session_rules.notice_connection_id(token)):
                     acted.add(token)
-                    continue
-                try:
-                    item = await loop.run_in_executor(None, self._store.get, cid)
-                except Exception as error:
-                    log.warning(
-                        "could not read a noticed connection",
-                        extra={"connection_id": cid, "error": repr(error)},
-                    )
-                    continue
-                ending = _notice_ending(item, runner.lease)
-                if ending is not None:
-                    log.info(
-                        "connection noticed as changed",
-                        extra={"connection_id": cid, "ending": ending.value},
-                    )
-                    runner.stop(ending)
-                acted.add(token)
         finally:
             self._notices_in_progress -= tokens
             if self._keeper is not None and acted:
                 self._keeper.acted_on(acted)
+
+    async def recheck_changed(self, seen: list[ConnectionItem]) -> None:
+        """Entries of this session's ``by-owner`` listing whose desired state or
+        ``start_gen`` differ from what the runner was started with: a stop or a restart
+        whose notice never arrived (the router failed between its two writes). Each is
+        read strongly and acted on like a notice."""
+        for item in seen:
+            runner = self._runners.get(item.connection_id)
+            if runner is None or (item.started and item.start_gen == runner.lease.start_gen):
+                continue
+            log.warning(
+                "owned connection changed without a notice; checking it",
+                extra={"connection_id": item.connection_id},
+            )
+            await self._recheck(item.connection_id)
+
+    async def _recheck(self, connection_id: str) -> bool:
+        """Read one connection strongly and end its runner if it was stopped, started
+        again, deleted or lost; False when it could not be decided now."""
+        if connection_id in self._acquiring:
+            return False  # decided by the acquire's own answer; look again later
+        runner = self._runners.get(connection_id)
+        if runner is None:
+            return True
+        loop = asyncio.get_running_loop()
+        try:
+            item = await loop.run_in_executor(None, self._store.get, connection_id)
+        except Exception as error:
+            log.warning(
+                "could not read a noticed connection",
+                extra={"connection_id": connection_id, "error": repr(error)},
+            )
+            return False
+        ending = _notice_ending(item, runner.lease)
+        if ending is not None:
+            log.info(
+                "connection noticed as changed",
+                extra={"connection_id": connection_id, "ending": ending.value},
+            )
+            runner.stop(ending)
+        return True
 
     async def _write_pages(self) -> None:
         """Every ``CHECKPOINT_SECONDS``, the checkpoint of every connection of the

@@ -7,7 +7,8 @@
    session and its page once nothing has been seen under it for a full lease.
 2. **Own connections.** Compare this session's ``by-owner`` entries with what the
    worker runs, and release the difference (an acquire whose reply was lost must not
-   leave a connection held by a live session and run by nobody).
+   leave a connection held by a live session and run by nobody); an entry stopped or
+   started again under a runner that got no notice of it is read and acted on.
 3. **Free connections.** Query two shards of the sparse ``unowned`` index (all of
    them every four passes) and try to acquire what they hold, in random order, up to
    the worker's free capacity.
@@ -61,6 +62,8 @@ class Owner(Protocol):
     ) -> AcquireResult: ...
 
     async def release_stray(self, seen: ConnectionItem) -> None: ...
+
+    async def recheck_changed(self, seen: list[ConnectionItem]) -> None: ...
 
 
 @dataclass
@@ -200,6 +203,7 @@ class Reconciler:
         entries = await self._call(
             self._store.owned_by, self._owner.worker_id, self._owner.session_gen
         )
+        await self._owner.recheck_changed(entries)
         for item in entries:
             cid = item.connection_id
             if self._owner.holds(cid) or self._owner.recently_released(cid):

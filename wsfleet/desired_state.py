@@ -8,6 +8,7 @@ cannot both believe they created the connection.
 from __future__ import annotations
 
 import enum
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -81,7 +82,7 @@ def start_update(
     rearm: bool = False,
     owned: bool = False,
     metadata: Mapping[str, Any] | None = None,
-    connection_id: str = "",
+    connection_id: str,
 ) -> dict[str, Any]:
     """The conditional write of a start.
 
@@ -282,7 +283,7 @@ class DesiredStateStore:
         if item.lease_owner is None or item.owner_session_gen is None:
             return
         update = session_rules.notice_update(
-            session_rules.notice_token(item.connection_id, what, now_ms)
+            session_rules.notice_token(item.connection_id, what, now_ms, secrets.token_hex(4))
         )
         key = schema.session_key(item.lease_owner, item.owner_session_gen)
         try:

@@ -64,15 +64,16 @@ SESSION_STARTED_AT_MS: Final = "started_at_ms"
 SESSION_REAPED_AT_MS: Final = "reaped_at_ms"
 SESSION_REAPED_BY: Final = "reaped_by"
 SESSION_NOTICES: Final = "notices"
-"""String set on a session: ``<start_gen> <desired_state> <connection_id>`` tokens the
-router adds when it starts or stops a connection the session owns."""
+"""String set on a session: ``<connection_id> <start|stop> <now_ms> <nonce>`` tokens
+the router adds when it starts or stops a connection the session owns."""
 SESSION_CAPACITY: Final = "capacity"
 SESSION_CONNECTIONS: Final = "connections"
 ALIVE: Final = "ALIVE"
 DEAD: Final = "DEAD"
 
 PAGE_ENTRIES: Final = "entries"
-"""Binary: zlib-compressed JSON ``{connection_id: [epoch, seq_gen, seq, advanced_ms_ago]}``."""
+"""Binary: zlib-compressed JSON rows ``[connection_id, epoch, seq_gen, seq, ms before the
+write when seq last moved, or -1]``."""
 PAGE_WRITTEN_AT_MS: Final = "written_at_ms"
 
 DESIRED_STATE: Final = "desired_state"

@@ -206,10 +206,11 @@ def notice_update(token: str) -> ConditionalUpdate:
     )
 
 
-def notice_token(connection_id: str, what: str, now_ms: int) -> str:
-    """``<connection_id> <what> <now_ms>``: distinct per router write, so removing a
-    notice the owner acted on never removes a newer one for the same connection."""
-    return f"{connection_id} {what} {now_ms}"
+def notice_token(connection_id: str, what: str, now_ms: int, nonce: str) -> str:
+    """``<connection_id> <what> <now_ms> <nonce>``: distinct per router write (the random
+    ``nonce`` separates two writes of the same millisecond), so removing a notice the
+    owner acted on never removes a newer one for the same connection."""
+    return f"{connection_id} {what} {now_ms} {nonce}"
 
 
 def notice_connection_id(token: str) -> str:

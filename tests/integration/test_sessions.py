@@ -12,6 +12,8 @@ from local_stack.audit import stale_deliveries
 from tests.support.fleet import TIMING, Fleet, wait_until
 from tests.support.timing import scaled
 from wsfleet import schema
+from wsfleet.desired_state import stop_update
+from wsfleet.item_io import update_connection
 from wsfleet.lease_rules import Lease
 from wsfleet.lease_store import LeaseStore
 from wsfleet.session_store import SessionStore
@@ -89,3 +91,29 @@ def test_a_restart_with_a_new_url_under_a_paused_owner_then_killed_loses_no_seq(
     assert all(r.t <= paused_at + TIMING.fence_after for r in old)
     assert min(r.epoch for r in new) > max(r.epoch for r in old)
     assert stale_deliveries(fleet.records()) == []
+
+
+def test_a_stop_whose_notice_was_lost_is_noticed_by_the_owners_reconcile(fleet: Fleet):
+    """The router stopped the connection but died before telling the owner's session:
+    the owner's next reconcile sees the STOPPED entry among its own and acts on it."""
+    fleet.start_worker("w")
+    fleet.start_connection("quiet-stop")
+    fleet.wait_handling(["quiet-stop"], scaled(15))
+    update_connection(
+        fleet.ddb,
+        fleet.resources.table,
+        "quiet-stop",
+        stop_update(int(time.time() * 1000)),
+        return_values="NONE",
+    )
+    stopped_at = time.monotonic()
+    bound = 1.2 * TIMING.reconcile + 1.0
+    wait_until(
+        lambda: fleet.item("quiet-stop").lease_owner is None,
+        scaled(2 * bound),
+        "the owner to notice the stop and release",
+    )
+    print(f"stop without a notice acted on after {time.monotonic() - stopped_at:.2f} s")
+    item = fleet.item("quiet-stop")
+    assert item.desired_state == schema.STOPPED
+    assert item.last_seq == fleet.highest_seq("quiet-stop")  # the final checkpoint

@@ -362,20 +362,22 @@ def test_a_notice_is_added_to_an_existing_session_only(item, notices):
 @pytest.mark.parametrize(
     ("connection_id", "what", "now", "token"),
     [
-        ("c1", "stop", 123, "c1 stop 123"),
-        ("c1", "start", 0, "c1 start 0"),
-        ("a.b:c-d_e", "start", NOW, f"a.b:c-d_e start {NOW}"),
-        ("x" * 128, "stop", 1, "x" * 128 + " stop 1"),
+        ("c1", "stop", 123, "c1 stop 123 n0"),
+        ("c1", "start", 0, "c1 start 0 n0"),
+        ("a.b:c-d_e", "start", NOW, f"a.b:c-d_e start {NOW} n0"),
+        ("x" * 128, "stop", 1, "x" * 128 + " stop 1 n0"),
     ],
 )
 def test_notice_tokens_round_trip(connection_id, what, now, token):
-    assert notice_token(connection_id, what, now) == token
+    assert notice_token(connection_id, what, now, "n0") == token
     assert notice_connection_id(token) == connection_id
 
 
 def test_notice_tokens_of_two_router_writes_differ():
-    assert notice_token("c1", "stop", 5) != notice_token("c1", "stop", 6)
-    assert notice_token("c1", "stop", 5) != notice_token("c1", "start", 5)
+    assert notice_token("c1", "stop", 5, "n") != notice_token("c1", "stop", 6, "n")
+    assert notice_token("c1", "stop", 5, "n") != notice_token("c1", "start", 5, "n")
+    # Two writes of the same millisecond differ by their nonce.
+    assert notice_token("c1", "stop", 5, "a1") != notice_token("c1", "stop", 5, "b2")
 
 
 # --- sweeping and forgetting a dead session -------------------------------------------------
