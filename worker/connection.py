@@ -314,7 +314,8 @@ class ConnectionRunner:
             except Exception as error:
                 delay = next(delays)
                 if loop.time() + delay >= give_up_at:
-                    # The lease then lapses on its own and a reconcile reassigns it.
+                    # The connection stays owned by this session: the next reconcile
+                    # finds it among its own entries, not run, and releases it then.
                     log.error(
                         "release failed; giving up",
                         extra={"connection_id": self.connection_id, "error": repr(error)},

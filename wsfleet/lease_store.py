@@ -55,7 +55,8 @@ class LeaseStore:
     (throttling, timeouts) propagate as botocore exceptions: the outcome is unknown.
     """
 
-    _TAKEOVER_ATTEMPTS = 3
+    _ATTEMPTS = 3
+    """Rounds of a takeover or a release whose condition failed on a changed item."""
 
     def __init__(self, client: DynamoDBClient, table_name: str, timing: LeaseTiming) -> None:
         self._client = client
@@ -110,7 +111,7 @@ class LeaseStore:
         fails because the item changed since it was read (a final checkpoint, a
         restart) is tried again with the item it returned; a STOPPED one is cleared.
         Returns the lease, or why there is none (``CLEAR`` once cleared)."""
-        for _ in range(self._TAKEOVER_ATTEMPTS):
+        for _ in range(self._ATTEMPTS):
             entry = None if page is None else page.entries.get(seen.connection_id)
             resume = resume_seq(seen.lease_epoch, seen.seq_gen, seen.last_seq, entry)
             token = secrets.token_hex(8)
@@ -165,7 +166,7 @@ class LeaseStore:
         unknown and the caller may try again (the write is conditional on owner and
         epoch, so a retry can never free a newer hold)."""
         variant = ReleaseVariant(started=True, with_checkpoint=True)
-        for _ in range(self._TAKEOVER_ATTEMPTS):
+        for _ in range(self._ATTEMPTS):
             update = lease_rules.release_update(
                 lease,
                 last_seq if variant.with_checkpoint else None,
