@@ -240,7 +240,7 @@ def session_item(
     if notices:
         item[schema.SESSION_NOTICES] = {
             "SS": [
-                session_rules.notice_token(uuid.UUID(int=n).hex, "stop", EXAMPLE_NOW_MS)
+                session_rules.notice_token(uuid.UUID(int=n).hex, "stop", EXAMPLE_NOW_MS, "0f1e2d3c")
                 for n in range(notices)
             ]
         }
