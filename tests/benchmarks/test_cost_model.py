@@ -138,8 +138,8 @@ def test_session_item_and_index_entry_sizes() -> None:
     assert 150 < sizes.session_bytes < 250
     assert sizes.renew_units == 1
     assert 150 < sizes.owner_entry_bytes < 300
-    # Pending notices grow the session item; a renew still costs 1 unit up to ~15.
-    assert cm.write_units(cm.item_size(cm.session_item(500, notices=15))) == 1
+    # Pending notices grow the session item; a renew still costs 1 unit up to ~13.
+    assert cm.write_units(cm.item_size(cm.session_item(500, notices=13))) == 1
 
 
 # --- one worker at the shipped defaults ----------------------------------------------------
