@@ -37,6 +37,10 @@ def running(fleet: Fleet, connection_id: str, ws_url: str) -> ConnectionItem:
     fleet.wait_handling([connection_id], scaled(15), min_seq=5)
     item = fleet.item(connection_id)
     assert item.lease_owner is not None
+    # The router's first answers about an owned connection (item, owner session, page)
+    # are its slowest; the race below needs a stop and a start within one heartbeat.
+    for _ in range(3):
+        assert fleet.api.get(connection_id)["owner"] == item.lease_owner
     return item
 
 
