@@ -65,6 +65,15 @@ CLIENT_CONFIG: Final = Config(
 )
 
 
+def scan_raw(client: DynamoDBClient, table: str) -> list[dict[str, Any]]:
+    """Every item of the table, typed attributes as stored (a Scan: fine for a local
+    fleet, never used in AWS): connections, sessions and checkpoint pages."""
+    items: list[dict[str, Any]] = []
+    for page in client.get_paginator("scan").paginate(TableName=table, ConsistentRead=True):
+        items.extend(page.get("Items", []))
+    return items
+
+
 def scan_items(client: DynamoDBClient, table: str) -> list[ConnectionItem]:
     """Every connection item of the table (a Scan: fine for a local fleet, never used
     in AWS); sessions and checkpoint pages are left out."""
