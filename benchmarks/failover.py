@@ -4,7 +4,7 @@ same run, on the same servers, with scaled timings.
 ``python -m benchmarks.failover [--repetitions 6] [--lease-seconds 2]``
 ``python -m benchmarks.failover --shipped-defaults --connections 600 --rate 10 --repetitions 10``
 
-Two fleets run side by side on their own tables (``ours``: reconcile = lease/4 and a
+Two fleets run side by side on their own tables (``ours``: reconcile = 0.24 x lease and a
 ``reassign`` message on release; ``seed``: reconcile = 3 x lease, no ``reassign``), each
 with ``--workers`` workers and ``--connections`` connections at ``--rate`` msg/s. Each
 repetition, for each scenario and each fleet in turn:
