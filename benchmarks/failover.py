@@ -19,7 +19,7 @@ repetition, for each scenario and each fleet in turn:
 With ``--shipped-defaults`` only ``ours`` runs, with no timing set at all (the
 worker's shipped defaults: lease 2.5 s, heartbeat and reconcile 0.6 s, skew 0.25 s).
 
-Reported: p50 and max over repetitions, per scenario and fleet, the bound docs/DESIGN.md §3.9
+Reported: p50 and max over repetitions, per scenario and fleet, the bound docs/DESIGN.md §3.11
 promises for those timings, and the ratio seed / ours. Nothing is asserted.
 """
 
@@ -62,7 +62,7 @@ class Fleet:
     results: dict[str, list[float]] = field(default_factory=dict)
 
     def bound(self, scenario: str) -> float:
-        """What docs/DESIGN.md §3.9 promises for this scenario under these timings."""
+        """What docs/DESIGN.md §3.11 promises for this scenario under these timings."""
         if scenario == "crash":
             return self.timing.crash_failover_bound()
         if self.profile.env.get("REASSIGN_ON_RELEASE") == "false":

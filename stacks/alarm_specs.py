@@ -124,7 +124,7 @@ def _worker_alarms(f: MonitoredFleet) -> list[AlarmSpec]:
             periods=renew_periods,
             datapoints=renew_datapoints,
         ),
-        # ConnectionsFailed (connections parked, docs/DESIGN.md §3.3.1) is published
+        # ConnectionsFailed (connections parked, docs/DESIGN.md §3.7) is published
         # by the worker (wsfleet.metric_names.CONNECTIONS_FAILED); its alarm belongs
         # here, with its runbook row in README.md, as a change of its own.
         AlarmSpec(

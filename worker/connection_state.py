@@ -8,7 +8,7 @@ decision to act on (call the handler, wait, retry, skip, end). The runner keeps 
 sockets, tasks, timers and logs; every rule that keeps the connection safe lives here
 and is tested with tables of inputs.
 
-The fence deadline is the session's (docs/DESIGN.md §3.5): ``sent_at(last
+The fence deadline is the session's (docs/DESIGN.md §3.6): ``sent_at(last
 successful session renew) + lease - skew - margin``. Past it the connection *pauses*:
 no handler call starts, the one in flight is cut, and a later successful renew of the
 same session (proof that no reap happened) moves the deadline and resumes it under

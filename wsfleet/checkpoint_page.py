@@ -1,5 +1,5 @@
 """A session's checkpoint page: the checkpoint of every connection it runs, in one
-item written every ``CHECKPOINT_SECONDS`` (docs/DESIGN.md §3.4).
+item written every ``CHECKPOINT_SECONDS`` (docs/DESIGN.md §3.5).
 
 The entries are packed (JSON, then zlib) into one binary attribute: a write costs one
 unit per started KB of item, and 500 entries packed this way fit in about 15 KB,

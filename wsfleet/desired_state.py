@@ -92,7 +92,7 @@ def start_update(
     ``last_seq`` goes back to 0 and ``seq_gen`` goes up by one (a final checkpoint of
     the old stream, released late, must not land on the new one).
 
-    ``rearm=True``: the item is parked (docs/DESIGN.md §3.3.1), whatever its desired
+    ``rearm=True``: the item is parked (docs/DESIGN.md §3.7), whatever its desired
     state; the start re-arms it with the same two URL variants, removes the parked
     and failing marks and puts it back into the unowned index, so the acquire sees it
     again. A parked item has no owner (the park released it and nobody may take it).

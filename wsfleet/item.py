@@ -112,7 +112,7 @@ class ConnectionItem:
 
     @property
     def parked(self) -> bool:
-        """Its upstream was given up on (docs/DESIGN.md §3.3.1): no worker takes it
+        """Its upstream was given up on (docs/DESIGN.md §3.7): no worker takes it
         until the router re-arms it with a start."""
         return self.parked_reason is not None
 

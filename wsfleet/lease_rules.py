@@ -89,7 +89,7 @@ def acquire_update(
     connections move only by :func:`takeover_update`, after the reap. ``token`` is
     random per acquire attempt (not per SDK retry of it): it is how a failed
     condition tells "my own attempt had landed" from "I held this before". A parked
-    connection is refused: nobody takes it until the router re-arms it (§3.3.1).
+    connection is refused: nobody takes it until the router re-arms it (§3.7).
     """
     return ConditionalUpdate(
         update_expression=f"{_TAKE} REMOVE #free ADD #epoch :one",
@@ -167,7 +167,7 @@ class AcquireRefusal(enum.Enum):
     """Another session owns it (or won the race)."""
     STOPPED = "stopped"
     PARKED = "parked"
-    """STARTED, but parked (§3.3.1): nobody takes it until the router re-arms it."""
+    """STARTED, but parked (§3.7): nobody takes it until the router re-arms it."""
     UNKNOWN_ID = "unknown_id"
 
 
@@ -371,7 +371,7 @@ MAX_REASON_CHARS = 200
 
 def park_update(lease: Lease, last_seq: int, reason: str, now_ms: int) -> ConditionalUpdate:
     """Give the lease back and park the connection: nobody takes it again until the
-    router re-arms it (§3.3.1).
+    router re-arms it (§3.7).
 
     Conditioned like a release with its checkpoint (owner, epoch, ``seq_gen``) and,
     beyond it, on the start this holder runs (``STARTED`` under its ``start_gen``):

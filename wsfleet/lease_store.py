@@ -38,7 +38,7 @@ class Released:
     checkpointed: bool
     """The final checkpoint was written (``seq_gen`` unchanged)."""
     parked: bool = False
-    """The connection was parked with the release (§3.3.1)."""
+    """The connection was parked with the release (§3.7)."""
 
     @classmethod
     def of(cls, old: ConnectionItem | None, lease: Lease, *, checkpointed: bool) -> Released:

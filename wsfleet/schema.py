@@ -96,7 +96,7 @@ EXPIRES_AT: Final = "expires_at"
 """DynamoDB TTL attribute, in epoch seconds; set only while STOPPED."""
 METADATA: Final = "metadata"
 PARKED_REASON: Final = "parked_reason"
-"""Set by the owner's park write (docs/DESIGN.md §3.3.1): why the upstream was given
+"""Set by the owner's park write (docs/DESIGN.md §3.7): why the upstream was given
 up on, short and free of secrets; removed by the router's re-arming start."""
 PARKED_AT_MS: Final = "parked_at_ms"
 FAILING_SINCE_MS: Final = "failing_since_ms"

@@ -1,5 +1,5 @@
 """Session timing: defaults derived from the lease, and the rules they must satisfy
-(docs/DESIGN.md §3.8)."""
+(docs/DESIGN.md §3.10)."""
 
 from __future__ import annotations
 
@@ -134,6 +134,6 @@ class LeaseTiming:
         return self.drain_budget + self.release_budget + 1.0
 
     def crash_failover_bound(self) -> float:
-        """What docs/DESIGN.md §3.9 promises for a crashed holder:
+        """What docs/DESIGN.md §3.11 promises for a crashed holder:
         lease + skew + 1.2 x reconcile + 1 s."""
         return self.lease + self.skew + 1.2 * self.reconcile + 1.0

@@ -560,7 +560,7 @@ def test_seq_gen_moves_only_when_the_router_resets_the_checkpoint(store, control
     assert (item.start_gen, item.seq_gen, item.last_seq) == (5, 1, 0)
 
 
-# --- parking (docs/DESIGN.md §3.3.1) ------------------------------------------------------
+# --- parking (docs/DESIGN.md §3.7) ------------------------------------------------------
 
 REASON = "HTTP 404 from upstream"
 
