@@ -10,6 +10,8 @@ MAX_DRAIN_SECONDS: Final = 30.0
 """Longest wait for a handler call in flight when a connection ends gracefully."""
 MAX_RELEASE_SECONDS: Final = 30.0
 """Longest time spent retrying a release that failed with an error (not a condition)."""
+MIN_SHUTDOWN_SECONDS: Final = 20.0
+"""The shortest wait of a graceful shutdown for its connections to end."""
 DEFAULT_LEASE_SECONDS: Final = 2.5
 DEFAULT_SKEW_SECONDS: Final = 0.25
 """Fixed, not a fraction of the lease: the clocks of the fleet are kept by NTP (the
@@ -129,9 +131,11 @@ class LeaseTiming:
     @property
     def shutdown_budget(self) -> float:
         """The longest a graceful shutdown waits for its connections to end: the
-        drain, the release retries and a second for the rest (well inside ECS's
-        120 s stop timeout at any lease)."""
-        return self.drain_budget + self.release_budget + 1.0
+        drain, the release retries and a second for the rest, and never less than
+        :data:`MIN_SHUTDOWN_SECONDS` (a full worker's hundreds of releases and
+        ``reassign`` hints take longer than one short lease), well inside ECS's 120 s
+        stop timeout at any lease."""
+        return max(self.drain_budget + self.release_budget + 1.0, MIN_SHUTDOWN_SECONDS)
 
     def crash_failover_bound(self) -> float:
         """What docs/DESIGN.md §3.11 promises for a crashed holder:

@@ -164,7 +164,10 @@ def test_one_renew_attempt_takes_at_most_a_third_of_a_heartbeat(timing, attempt)
 @pytest.mark.parametrize(
     ("timing", "drain", "release", "shutdown"),
     [
-        (LeaseTiming.from_lease(), 2.0, 2.5, 5.5),
+        (LeaseTiming.from_lease(), 2.0, 2.5, 20.0),  # the floor: 5.5 s would be too short
+        (LeaseTiming.from_lease(8), 6.95, 8, 20.0),
+        (LeaseTiming.from_lease(10), 8.75, 10, 20.0),
+        (LeaseTiming.from_lease(11), 9.65, 11, 21.65),
         (LeaseTiming.from_lease(20), 17.75, 20, 38.75),
         (LeaseTiming.from_lease(120), 30.0, 30.0, 61.0),  # both capped
     ],
