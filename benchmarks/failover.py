@@ -297,12 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--connections", type=int, default=6)
     parser.add_argument("--rate", type=float, default=20.0, help="messages/s per connection")
+    parser.add_argument("--work-dir", type=Path, help="keep the logs here (default: a temp dir)")
     args = parser.parse_args(argv)
     if args.workers < 2 or args.repetitions < 1:
         parser.error("need --workers >= 2 and --repetitions >= 1")
     try:
         with sigterm_as_interrupt(), tempfile.TemporaryDirectory(prefix="failover-") as tmp:
-            result = run(args, Path(tmp))
+            result = run(args, args.work_dir or Path(tmp))
     except KeyboardInterrupt:
         print("interrupted; every child process has been stopped", file=sys.stderr)
         return 130

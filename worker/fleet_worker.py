@@ -350,6 +350,7 @@ class Worker:
                 SessionEvents(self._renewed, self._renew_failed, self._reaped),
                 wall_ms=self._wall_ms,
                 connections=lambda: len(self._runners),
+                capacity=lambda: 0 if self._closing else self.config.max_connections,
                 first_renew_at=sent_at + timing.heartbeat,
             )
             self._keeper.start()

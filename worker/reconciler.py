@@ -2,16 +2,18 @@
 
 1. **Sessions.** List every session (a Query per session item collection, no index).
    Reap each lapsed one (mark it DEAD, once, finally), and sweep each DEAD one: take
-   over its STARTED connections (the reaper at once, up to its capacity; others after
-   a short grace, the excess), clear the owner of its STOPPED ones, and forget the
-   session and its page once nothing has been seen under it for a full lease.
+   over its STARTED connections (the reaper at once, from the front of the sorted ids,
+   up to its capacity; others a heartbeat later, from the back, only the excess beyond
+   the reaper's room, and anything once a lease has passed since the reap), clear the
+   owner of its STOPPED ones, and forget the session and its page once nothing has
+   been seen under it for a full lease.
 2. **Own connections.** Compare this session's ``by-owner`` entries with what the
    worker runs, and release the difference (an acquire whose reply was lost must not
    leave a connection held by a live session and run by nobody); an entry stopped or
    started again under a runner that got no notice of it is read and acted on.
 3. **Free connections.** Query two shards of the sparse ``unowned`` index (all of
-   them every four passes) and try to acquire what they hold, in random order, up to
-   the worker's free capacity.
+   them every four passes; every one of them while another worker drains) and try to
+   acquire what they hold, in random order, up to the worker's free capacity.
 """
 
 from __future__ import annotations
@@ -106,27 +108,32 @@ class Reconciler:
         """One pass; returns the ids this worker took (by takeover or acquire)."""
         if self._owner.session_gen == 0:
             return []
-        taken = await self.sweep_sessions()
+        taken, draining = await self.sweep_sessions()
         await self.release_strays()
-        taken += await self.take_free()
+        taken += await self.take_free(every_shard=draining)
         return taken
 
     # --- 1. sessions -----------------------------------------------------------------
 
-    async def sweep_sessions(self) -> list[str]:
+    async def sweep_sessions(self) -> tuple[list[str], bool]:
+        """Reap and sweep; also says whether another live session is draining (a
+        graceful shutdown publishes capacity 0 until its last release), in which case
+        this pass looks for free connections in every shard, not only two."""
         sessions = await self._call(self._sessions.list_sessions)
         mine = (self._owner.worker_id, self._owner.session_gen)
         taken: list[str] = []
         listed = set()
+        draining = False
         for session in sessions:
             listed.add(session.key)
             if session.key == mine:
                 continue
             now_ms = self._wall_ms()
+            if session.alive and session.capacity == 0:
+                draining = True
             if session_rules.is_lapsed(session, now_ms, self._store.timing):
-                if not await self._call(
-                    self._sessions.reap, session, self._owner.worker_id, now_ms
-                ):
+                me = self._owner.worker_id
+                if not await self._call(self._sessions.reap, session, me, now_ms):
                     continue  # another worker reaped it (or it was renewed): next pass
                 self._metrics.count(m.SESSIONS_REAPED)
                 log.warning(
@@ -144,16 +151,17 @@ class Reconciler:
                     reaped_by=self._owner.worker_id,
                 )
             if not session.alive:
-                taken += await self._sweep(session)
+                taken += await self._sweep(session, sessions)
         for key in set(self._dead) - listed:
             del self._dead[key]
-        return taken
+        return taken, draining
 
-    async def _sweep(self, session: SessionItem) -> list[str]:
+    async def _sweep(self, session: SessionItem, sessions: list[SessionItem]) -> list[str]:
         timing = self._store.timing
         now_ms = self._wall_ms()
         grace_ms = round(timing.heartbeat * 1000)
-        if not session_rules.may_sweep(session, self._owner.worker_id, now_ms, grace_ms):
+        me = self._owner.worker_id
+        if not session_rules.may_sweep(session, me, now_ms, grace_ms):
             return []
         entries = await self._call(self._store.owned_by, session.worker_id, session.session_gen)
         seen = self._dead.setdefault(session.key, _DeadSession(now_ms))
@@ -173,16 +181,21 @@ class Reconciler:
         for item in entries:
             if not item.started:
                 await self._call(self._store.clear_dead_owner, item, now_ms)
-        started = [item for item in entries if item.started and not item.parked]
-        if not started or self._capacity.free <= 0:
+        started = {item.connection_id: item for item in entries if item.started and not item.parked}
+        reaper = session.reaped_by == me
+        fallback = (session.reaped_at_ms or 0) + timing.lease_ms
+        room = (
+            None if now_ms >= fallback else session_rules.reaper_room(sessions, session.reaped_by)
+        )
+        share = session_rules.takeover_share(
+            sorted(started), reaper=reaper, reaper_room=room, free=self._capacity.free
+        )
+        if not share:
             return []
         page = await self._call(self._sessions.read_page, session.worker_id, session.session_gen)
-        self._rng.shuffle(started)
         conflicts_before = self._store.takeover_conflicts
         taken = await self._take_each(
-            (item.connection_id for item in started),
-            {item.connection_id: item for item in started},
-            lambda cid, items: self._owner.take_over(items[cid], session, page),
+            share, started, lambda cid, items: self._owner.take_over(items[cid], session, page)
         )
         log.info(
             "dead session swept",
@@ -190,7 +203,9 @@ class Reconciler:
                 "session_worker": session.worker_id,
                 "session_gen": session.session_gen,
                 "entries": len(started),
+                "share": len(share),
                 "taken": len(taken),
+                "reaper": reaper,
                 "failed_conditional_writes": self._store.takeover_conflicts - conflicts_before,
                 "page_entries": 0 if page is None else len(page.entries),
             },
@@ -216,15 +231,18 @@ class Reconciler:
 
     # --- 3. free connections -------------------------------------------------------------
 
-    async def take_free(self) -> list[str]:
+    async def take_free(self, *, every_shard: bool = False) -> list[str]:
         free = self._capacity.free
         if free <= 0:
             return []
         shards = schema.free_shards()
-        picked = [
-            shards[(self._next_shard + n) % len(shards)] for n in range(UNOWNED_SHARDS_PER_PASS)
-        ]
-        self._next_shard = (self._next_shard + UNOWNED_SHARDS_PER_PASS) % len(shards)
+        if every_shard:
+            picked = list(shards)
+        else:
+            picked = [
+                shards[(self._next_shard + n) % len(shards)] for n in range(UNOWNED_SHARDS_PER_PASS)
+            ]
+            self._next_shard = (self._next_shard + UNOWNED_SHARDS_PER_PASS) % len(shards)
         limit = min(MAX_FREE_PER_PASS, 2 * free + 8)
         found = await self._call(self._store.find_unowned, picked, limit)
         free_ids = [cid for cid in found if not self._owner.holds(cid)]

@@ -53,6 +53,7 @@ class SessionKeeper:
         *,
         wall_ms: Callable[[], int],
         connections: Callable[[], int],
+        capacity: Callable[[], int],
         first_renew_at: float,
     ) -> None:
         self._store = store
@@ -62,6 +63,7 @@ class SessionKeeper:
         self._events = events
         self._wall_ms = wall_ms
         self._connections = connections
+        self._capacity = capacity
         self._next = first_renew_at
         self._stop = threading.Event()
         self._acted: set[str] = set()
@@ -99,6 +101,7 @@ class SessionKeeper:
                     self._wall_ms(),
                     connections=self._connections(),
                     acted_on=acted,
+                    capacity=self._capacity(),
                 )
             except Exception as error:
                 log.warning(

@@ -18,7 +18,7 @@ handled under a session that another worker has reaped.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,7 +110,12 @@ def new_session_item(
 
 
 def renew_update(
-    now_ms: int, timing: LeaseTiming, *, connections: int, acted_on: Iterable[str] = ()
+    now_ms: int,
+    timing: LeaseTiming,
+    *,
+    connections: int,
+    acted_on: Iterable[str] = (),
+    capacity: int | None = None,
 ) -> ConditionalUpdate:
     """Extend the session to ``now + lease``.
 
@@ -118,12 +123,17 @@ def renew_update(
     keeps an older renew that arrives late from moving the expiry backwards (a retry
     of the same renew writes the same value and passes). The notices the owner has
     acted on are removed in the same write, so acting on a stop costs no write of its
-    own.
+    own. ``connections`` and ``capacity`` publish the worker's load (capacity 0: it is
+    draining), which the others read when they list the sessions.
     """
     acted = sorted(set(acted_on))
     update = "SET #expires = :expires, #conns = :conns"
     names = _names("#state", "#expires", "#conns")
     values = _values(alive=schema.ALIVE, expires=now_ms + timing.lease_ms, conns=connections)
+    if capacity is not None:
+        update += ", #cap = :cap"
+        names |= _names("#cap")
+        values |= _values(cap=capacity)
     if acted:
         update += " DELETE #notices :acted"
         names |= _names("#notices")
@@ -227,6 +237,35 @@ def may_sweep(session: SessionItem, me: str, now_ms: int, grace_ms: int) -> bool
     if session.alive or session.reaped_at_ms is None:
         return False
     return session.reaped_by == me or now_ms >= session.reaped_at_ms + grace_ms
+
+
+def takeover_share(
+    remaining: Sequence[str], *, reaper: bool, reaper_room: int | None, free: int
+) -> list[str]:
+    """Which of a dead session's remaining STARTED connections (``remaining``, sorted)
+    this worker takes now, so that takers do not race each other's writes.
+
+    The reaper takes from the front, as many as it has room for (``free``). Another
+    worker takes from the back, and only the excess beyond what the reaper has room
+    for (``reaper_room``, from the reaper's session as listed); ``None`` means there is
+    no reaper to leave them to (its session is gone, or the fallback time after the
+    reap has passed): anything, from the back.
+    """
+    if free <= 0:
+        return []
+    if reaper:
+        return list(remaining[:free])
+    excess = remaining if reaper_room is None else remaining[max(0, reaper_room) :]
+    return list(reversed(excess))[:free]
+
+
+def reaper_room(sessions: Iterable[SessionItem], reaper: str | None) -> int | None:
+    """Free capacity of the reaper's live session as last renewed (None when it has
+    none listed: nobody to leave the connections to)."""
+    for session in sessions:
+        if session.alive and session.worker_id == reaper:
+            return max(0, session.capacity - session.connections)
+    return None
 
 
 def may_forget(last_entries_seen_ms: int, now_ms: int, timing: LeaseTiming) -> bool:

@@ -80,9 +80,10 @@ class SessionStore:
         *,
         connections: int,
         acted_on: Iterable[str] = (),
+        capacity: int | None = None,
     ) -> SessionRenewed | RenewRefusal:
         update = session_rules.renew_update(
-            now_ms, self._timing, connections=connections, acted_on=acted_on
+            now_ms, self._timing, connections=connections, acted_on=acted_on, capacity=capacity
         )
         try:
             response = self._client.update_item(

@@ -26,10 +26,12 @@ from wsfleet.session_rules import (
     notice_update,
     reap_cutoff_ms,
     reap_update,
+    reaper_room,
     renew_failure,
     renew_update,
     retire_update,
     takeover_latency_ms,
+    takeover_share,
 )
 from wsfleet.timing import LeaseTiming
 
@@ -528,3 +530,68 @@ def test_a_session_item_with_only_its_key_reads_as_dead():
 def test_the_worker_id_is_everything_before_the_last_hash_of_the_sort_key():
     item = SessionItem.from_dynamodb({"Pk": S("SESSIONS#2"), "Sk": S("pod#a#b#12")})
     assert item.key == ("pod#a#b", 12)
+
+
+# --- who takes what of a dead session ------------------------------------------------------
+
+IDS = ["a", "b", "c", "d", "e"]
+
+
+@pytest.mark.parametrize(
+    ("reaper", "room", "free", "share"),
+    [
+        # The reaper: from the front, up to its free capacity.
+        (True, None, 10, IDS),
+        (True, 3, 2, ["a", "b"]),
+        (True, 0, 5, IDS),  # its own room is its free capacity, not the listed one
+        (True, None, 0, []),
+        # Another worker: only what the reaper has no room for, from the back.
+        (False, 5, 10, []),
+        (False, 9, 10, []),
+        (False, 3, 10, ["e", "d"]),
+        (False, 4, 10, ["e"]),
+        (False, 0, 10, ["e", "d", "c", "b", "a"]),
+        (False, 3, 1, ["e"]),  # and no more than it has room for
+        (False, -2, 10, ["e", "d", "c", "b", "a"]),
+        # No reaper to leave them to (gone, or past the fallback): anything, from the back.
+        (False, None, 3, ["e", "d", "c"]),
+        (False, None, 0, []),
+    ],
+)
+def test_the_takers_of_a_dead_session_share_without_racing(reaper, room, free, share):
+    assert takeover_share(IDS, reaper=reaper, reaper_room=room, free=free) == share
+
+
+def test_the_reapers_share_and_the_others_never_overlap_while_it_has_room():
+    for room in range(len(IDS) + 1):
+        mine = set(takeover_share(IDS, reaper=True, reaper_room=None, free=room))
+        theirs = set(takeover_share(IDS, reaper=False, reaper_room=room, free=10))
+        assert not mine & theirs
+        assert mine | theirs == set(IDS)
+
+
+def _live(worker: str, connections: int, capacity: int, state: str = schema.ALIVE) -> SessionItem:
+    return SessionItem(
+        worker_id=worker,
+        session_gen=1,
+        state=state,
+        expires_at_ms=NOW,
+        connections=connections,
+        capacity=capacity,
+    )
+
+
+@pytest.mark.parametrize(
+    ("sessions", "reaper", "room"),
+    [
+        ([_live("r", 200, 500), _live("x", 10, 500)], "r", 300),
+        ([_live("r", 500, 500)], "r", 0),
+        ([_live("r", 10, 0)], "r", 0),  # draining: no room
+        ([_live("r", 600, 500)], "r", 0),
+        ([_live("r", 1, 5, schema.DEAD)], "r", None),  # the reaper died since
+        ([_live("x", 1, 5)], "r", None),
+        ([], None, None),
+    ],
+)
+def test_the_room_of_the_reaper_comes_from_its_live_session(sessions, reaper, room):
+    assert reaper_room(sessions, reaper) == room
