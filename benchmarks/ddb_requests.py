@@ -1,29 +1,34 @@
-"""DynamoDB requests per connection-hour, counted by the run itself.
+"""DynamoDB capacity per connection-hour of one worker, metered on every call.
 
-``python -m benchmarks.ddb_requests [--connections 50] [--window 120]``
+``python -m benchmarks.ddb_requests [--connections 500] [--window 120] [--rate 1]``
 
-Two workers run in this process, built as ``python -m worker`` builds one (``WorkerConfig``,
-``make_clients``, ``LeaseStore``, ``Worker``), each on its own table: one with our defaults
-(lease 20 s, heartbeat 5 s, reconcile 5 s), one with the seed's timings (reconcile 60 s,
-no ``reassign``). botocore event hooks on each worker's DynamoDB client count every call
-(``before-call``), every HTTP attempt (``before-send``), and the capacity DynamoDB Local
-reports as consumed (``after-call``; the hooks add ``ReturnConsumedCapacity=INDEXES`` to
-each request, which changes nothing else). Each call is classified by the expression
-it carries, compared with the expressions of :mod:`wsfleet.lease_rules`:
+One worker runs in this process, built as ``python -m worker`` builds one
+(``WorkerConfig``, ``make_clients``, ``LeaseStore``, a ``SessionStore`` on the shared
+client and one on the renew's own client, ``Worker``), at the shipped defaults: no
+timing variable is set (lease 2.5 s, heartbeat and reconcile 0.6 s, checkpoint 5 s)
+and ``MAX_CONNECTIONS`` is 500. Its connections are started through the router's HTTP
+API without an id, so the router makes them (uuid4 hex), each on a stream of the demo
+feed at ``--rate`` messages a second.
 
-- renew: the heartbeat, which also writes the checkpoint (``last_seq``);
-- acquire, release;
-- reconcile query (the orphan query on the GSI);
-- checkpoint-only write: any write of ``last_seq`` that is not a renew or a release
-  (there is none: checkpoints ride on the renews);
-- other.
+botocore hooks on both of the worker's DynamoDB clients meter every call:
 
-Figures over a steady window (after every connection was acquired): calls per
-connection-hour, write units per connection-hour split into table and index, reconcile
-queries per worker-hour; acquisitions and releases per connection (the start and the
-graceful stop). Beside them, what :mod:`benchmarks.cost_model` predicts. DynamoDB Local
-does not report capacity for a failed conditional write (DynamoDB charges one write
-unit); there are none in the steady window.
+- ``before-parameter-build`` adds ``ReturnConsumedCapacity=INDEXES`` (nothing else
+  changes) and classifies the call by its key and expression (session renew, page,
+  acquire, release, session listing, ``by-owner`` query...);
+- ``after-call`` computes what DynamoDB bills for it, by the rules of
+  :mod:`benchmarks.cost_model`: a write on the larger of the item before and after
+  per started KB, plus each index entry it puts, deletes or updates; a failed
+  conditional write on the item that is there (at least 1); a Query on the total size
+  of the items (index entries) it returns, per started 4 KB, half when eventually
+  consistent; a GetItem likewise. The items before and after come from the call
+  itself (``ALL_OLD``/``ALL_NEW``, the request's item) or from the meter's own copy of
+  what it last saw; when it has none, from a strongly consistent read on a separate,
+  unmetered client. Beside it, what DynamoDB Local reports as consumed.
+
+Figures over a steady window that begins once every connection has handled a message
+and one checkpoint interval has passed: write and read units per connection-hour, by
+kind, the on-demand dollars per connection-month, and what ``benchmarks.cost_model``
+predicts for the same worker.
 """
 
 from __future__ import annotations
@@ -37,16 +42,22 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 import time
-from collections import Counter
+import zlib
+from collections import defaultdict
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from benchmarks.cost_model import Fleet as ModelFleet
-from benchmarks.cost_model import load_of
+from botocore.config import Config
+
+from benchmarks import cost_model as cm
 from benchmarks.report import emit, machine, table
+from fleetctl.client import FleetClient
+from local_stack import services
 from local_stack.fleet import Deployment
 from local_stack.process_env import use_local_aws
 from local_stack.server_group import LocalServers
@@ -56,394 +67,764 @@ from worker.config import WorkerConfig
 from worker.delivery import Delivery
 from worker.fleet_worker import Worker, WorkerDeps
 from worker.upstream_protocol import JsonSeqProtocol
-from wsfleet import lease_rules, schema
+from wsfleet import lease_rules, schema, session_rules
+from wsfleet.item import ConnectionItem
 from wsfleet.lease_rules import Lease
 from wsfleet.lease_store import LeaseStore
+from wsfleet.session_store import SessionStore
 from wsfleet.timing import LeaseTiming
 
-LEASE_SECONDS = 20.0
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+
 AWS_THREADS = 32
-SETTLE_TIMEOUT_S = 60.0
+START_THREADS = 4
+START_TIMEOUT_S = 120.0
+SETTLE_TIMEOUT_S = 300.0
 
-RENEW, ACQUIRE, RELEASE = "renew", "acquire", "release"
-RECONCILE, CHECKPOINT_ONLY, OTHER = "reconcile query", "checkpoint-only write", "other"
-CLASSES = (RENEW, ACQUIRE, RELEASE, RECONCILE, CHECKPOINT_ONLY, OTHER)
+# --- what a call is -----------------------------------------------------------------------
+
+RENEW, SESSION_OPEN, SESSION_END, NOTICE = (
+    "session renew",
+    "session open",
+    "session reap/retire/forget",
+    "notice",
+)
+PAGE = "page"
+ACQUIRE, TAKEOVER, RELEASE, CONNECTION_OTHER = (
+    "acquire",
+    "takeover",
+    "release",
+    "other connection write",
+)
+OTHER_WRITE = "other write"
+SESSION_LIST, OWNER_QUERY, UNOWNED_QUERY, LISTING_QUERY = (
+    "session listing",
+    "by-owner query",
+    "unowned query",
+    "by-desired-state query",
+)
+PAGE_READ, CONNECTION_READ, SESSION_READ, OTHER_READ = (
+    "page read",
+    "connection read",
+    "session read",
+    "other read",
+)
+WRITE_KINDS = (
+    RENEW,
+    PAGE,
+    SESSION_OPEN,
+    SESSION_END,
+    NOTICE,
+    ACQUIRE,
+    TAKEOVER,
+    RELEASE,
+    CONNECTION_OTHER,
+    OTHER_WRITE,
+)
+READ_KINDS = (
+    SESSION_LIST,
+    OWNER_QUERY,
+    UNOWNED_QUERY,
+    LISTING_QUERY,
+    PAGE_READ,
+    CONNECTION_READ,
+    SESSION_READ,
+    OTHER_READ,
+)
+WRITE_OPERATIONS = ("PutItem", "UpdateItem", "DeleteItem")
+CAPACITY_OPERATIONS = (*WRITE_OPERATIONS, "GetItem", "Query", "Scan")
+CONDITION_FAILED = "ConditionalCheckFailedException"
+TABLE = "table"
 
 
-def _expressions() -> dict[str, str]:
-    """The update expression of each lease write, from the rules themselves."""
-    timing = LeaseTiming.from_lease(LEASE_SECONDS)
-    lease = Lease("x", "me", 1, 1, "ws://x", 0, 0)
-    return {
-        lease_rules.renew_update(lease, 0, 0, timing).update_expression: RENEW,
-        lease_rules.acquire_update("me", 0, timing, "token").update_expression: ACQUIRE,
-        lease_rules.release_update(lease, 0, 0).update_expression: RELEASE,
-        lease_rules.release_update(lease, None, 0).update_expression: RELEASE,
+def _connection_expressions() -> dict[str, str]:
+    """The update expression of each connection write, from the rules themselves."""
+    lease = Lease("x", "me", 1, 1, "ws://x", 0, 1)
+    seen = ConnectionItem("x", schema.STARTED, "ws://x", lease_owner="dead", owner_session_gen=1)
+    expressions = {
+        lease_rules.acquire_update("x", "me", 1, 0, "t").update_expression: ACQUIRE,
+        lease_rules.takeover_update(seen, "me", 1, 0, 0, "t").update_expression: TAKEOVER,
     }
+    for started in (True, False):
+        for seq in (0, None):
+            update = lease_rules.release_update(lease, seq, 0, started=started)
+            expressions[update.update_expression] = RELEASE
+    for update in (
+        lease_rules.park_update(lease, 0, "r", 0),
+        lease_rules.clear_owner_update(seen, 0),
+        lease_rules.failing_since_update(lease, 0, 0),
+        lease_rules.failing_cleared_update(lease, 0),
+    ):
+        expressions.setdefault(update.update_expression, CONNECTION_OTHER)
+    return expressions
 
 
-EXPRESSIONS = _expressions()
+CONNECTION_EXPRESSIONS = _connection_expressions()
+RENEW_EXPRESSION = session_rules.renew_update(
+    0, LeaseTiming.from_lease(), connections=0
+).update_expression
+NOTICE_EXPRESSION = session_rules.notice_update("x").update_expression
 
 
-def classify(operation: str, request: dict[str, Any]) -> str:
-    """The class of one DynamoDB call from its operation name and request body."""
-    if operation == "UpdateItem":
-        expression = str(request.get("UpdateExpression", ""))
-        if expression in EXPRESSIONS:
-            return EXPRESSIONS[expression]
-        names = request.get("ExpressionAttributeNames", {}).values()
-        return CHECKPOINT_ONLY if schema.LAST_SEQ in names else OTHER
-    if operation == "Query" and request.get("IndexName") == schema.STATE_INDEX_NAME:
-        return RECONCILE
-    return OTHER
+def _partition_key(params: Mapping[str, Any]) -> str:
+    key = params.get("Key") or params.get("Item") or {}
+    return str(key.get(schema.PARTITION_KEY, {}).get("S", ""))
 
 
-def _units() -> dict[str, float]:
-    return dict.fromkeys(CLASSES, 0.0)
+def classify(operation: str, params: Mapping[str, Any]) -> str:
+    """The kind of one DynamoDB call, from its operation and request parameters."""
+    pk = _partition_key(params)
+    if operation in WRITE_OPERATIONS:
+        expression = str(params.get("UpdateExpression", ""))
+        if pk.startswith(schema.SESSION_KEY_PREFIX):
+            if operation == "PutItem":
+                return SESSION_OPEN
+            if expression.startswith(RENEW_EXPRESSION):
+                return RENEW
+            return NOTICE if expression == NOTICE_EXPRESSION else SESSION_END
+        if pk.startswith(schema.PAGE_KEY_PREFIX):
+            return PAGE if operation == "PutItem" else SESSION_END
+        if pk.startswith(schema.KEY_PREFIX):
+            return CONNECTION_EXPRESSIONS.get(expression, CONNECTION_OTHER)
+        return OTHER_WRITE
+    if operation == "Query":
+        index = params.get("IndexName")
+        if index == schema.OWNER_INDEX_NAME:
+            return OWNER_QUERY
+        if index == schema.UNOWNED_INDEX_NAME:
+            return UNOWNED_QUERY
+        if index == schema.STATE_INDEX_NAME:
+            return LISTING_QUERY
+        values = params.get("ExpressionAttributeValues", {}).values()
+        if any(str(v.get("S", "")).startswith(schema.SESSION_KEY_PREFIX) for v in values):
+            return SESSION_LIST
+        return OTHER_READ
+    if operation == "GetItem":
+        if pk.startswith(schema.PAGE_KEY_PREFIX):
+            return PAGE_READ
+        if pk.startswith(schema.KEY_PREFIX):
+            return CONNECTION_READ
+        if pk.startswith(schema.SESSION_KEY_PREFIX):
+            return SESSION_READ
+    return OTHER_READ
+
+
+# --- the meter ----------------------------------------------------------------------------
+
+Item = dict[str, Any]
 
 
 @dataclass
-class Counts:
-    """What the hooks counted, per request class."""
+class Tally:
+    """Sums per (kind, figure): ``calls``, ``failed`` (conditions), ``errors``,
+    ``computed:<table or index>`` and ``consumed:<table or index>`` units, ``reported``
+    (responses that carried consumed capacity)."""
 
-    calls: Counter[str] = field(default_factory=Counter)
-    attempts: int = 0
-    table_units: dict[str, float] = field(default_factory=_units)
-    index_units: dict[str, float] = field(default_factory=_units)
-    conditional_failures: Counter[str] = field(default_factory=Counter)
-    renews_moving_checkpoint: int = 0
+    sums: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
 
-    def copy(self) -> Counts:
-        return Counts(
-            Counter(self.calls),
-            self.attempts,
-            dict(self.table_units),
-            dict(self.index_units),
-            Counter(self.conditional_failures),
-            self.renews_moving_checkpoint,
-        )
+    def add(self, kind: str, figure: str, value: float = 1.0) -> None:
+        self.sums[(kind, figure)] += value
 
-    def minus(self, earlier: Counts) -> Counts:
-        """What was counted since ``earlier`` (a snapshot of the same counter)."""
-        return Counts(
-            self.calls - earlier.calls,
-            self.attempts - earlier.attempts,
-            {k: self.table_units[k] - earlier.table_units[k] for k in CLASSES},
-            {k: self.index_units[k] - earlier.index_units[k] for k in CLASSES},
-            self.conditional_failures - earlier.conditional_failures,
-            self.renews_moving_checkpoint - earlier.renews_moving_checkpoint,
-        )
+    def get(self, kind: str, figure: str) -> float:
+        return self.sums.get((kind, figure), 0.0)
 
-    def write_units(self, *, index: bool) -> float:
-        """Write units of every class but the (read) reconcile queries."""
-        units = self.index_units if index else self.table_units
-        return sum(v for k, v in units.items() if k != RECONCILE)
+    def copy(self) -> Tally:
+        return Tally(defaultdict(float, self.sums))
+
+    def minus(self, earlier: Tally) -> Tally:
+        keys = set(self.sums) | set(earlier.sums)
+        return Tally(defaultdict(float, {k: self.get(*k) - earlier.get(*k) for k in keys}))
+
+    def units(self, kind: str, source: str) -> float:
+        """Computed (``source="computed"``) or reported units of ``kind``, table and
+        indexes together."""
+        return sum(v for (k, f), v in self.sums.items() if k == kind and f.startswith(source + ":"))
+
+    def by_target(self, kinds: tuple[str, ...], source: str) -> dict[str, float]:
+        """Units per table or index over ``kinds``."""
+        out: dict[str, float] = defaultdict(float)
+        for (k, f), v in self.sums.items():
+            if k in kinds and f.startswith(source + ":"):
+                out[f.split(":", 1)[1]] += v
+        return dict(out)
+
+    def total(self, kinds: tuple[str, ...], figure: str) -> float:
+        if figure in ("computed", "consumed"):
+            return sum(self.units(k, figure) for k in kinds)
+        return sum(self.get(k, figure) for k in kinds)
 
 
-class RequestCounter:
-    """botocore hooks that count a client's DynamoDB calls (thread-safe enough: the
-    counters are only incremented, under the GIL, from the worker's executor threads)."""
+@dataclass(frozen=True, slots=True)
+class PageWrite:
+    entries: int
+    blob_bytes: int
+    item_bytes: int
+    units: int
 
-    def __init__(self) -> None:
-        self.counts = Counts()
-        self._checkpoints: dict[str, str] = {}
+
+def _key_of(params: Mapping[str, Any]) -> Item:
+    if "Key" in params:
+        return dict(params["Key"])
+    item = params.get("Item", {})
+    return {k: item[k] for k in (schema.PARTITION_KEY, schema.SORT_KEY) if k in item}
+
+
+class Meter:
+    """botocore hooks that meter every DynamoDB call of the clients registered, and the
+    meter's copy of the items they wrote. Thread-safe: the worker calls from its
+    executor threads and its renew thread at once."""
+
+    def __init__(self, inspector: DynamoDBClient) -> None:
+        self._inspector = inspector
+        self._lock = threading.Lock()
+        self._tally = Tally()
+        self._items: dict[tuple[str, str], Item | None] = {}
+        self.attempts = 0
+        self.pages: list[PageWrite] = []
 
     def register(self, client: Any) -> None:
         events = client.meta.events
-        events.register("before-parameter-build.dynamodb.*", self._ask_for_capacity)
-        events.register("before-call.dynamodb.*", self._before_call)
+        events.register("before-parameter-build.dynamodb.*", self._before)
         events.register("before-send.dynamodb.*", self._before_send)
-        events.register("after-call.dynamodb.*", self._after_call)
+        events.register("after-call.dynamodb.*", self._after)
+        events.register("after-call-error.dynamodb.*", self._after_error)
 
-    def snapshot(self) -> Counts:
-        return self.counts.copy()
+    def snapshot(self) -> Tally:
+        with self._lock:
+            return self._tally.copy()
 
-    def _ask_for_capacity(self, params: dict[str, Any], model: Any, **_: Any) -> None:
-        if model.name in ("UpdateItem", "Query", "GetItem", "PutItem"):
-            params["ReturnConsumedCapacity"] = "INDEXES"
+    # --- hooks -----------------------------------------------------------------------
 
-    def _before_call(
-        self, model: Any, params: dict[str, Any], context: dict[str, Any], **_: Any
+    def _before(
+        self, params: dict[str, Any], model: Any, context: dict[str, Any], **_: Any
     ) -> None:
-        body = params.get("body") or b"{}"
-        request = json.loads(body)
-        kind = classify(model.name, request)
-        context["request_class"] = kind
-        self.counts.calls[kind] += 1
-        if kind == RENEW:
-            key = json.dumps(request.get("Key"), sort_keys=True)
-            seq = json.dumps(request.get("ExpressionAttributeValues", {}).get(":seq"))
-            if self._checkpoints.get(key) != seq:
-                self.counts.renews_moving_checkpoint += 1
-            self._checkpoints[key] = seq
+        operation = model.name
+        if operation in CAPACITY_OPERATIONS:
+            params["ReturnConsumedCapacity"] = "INDEXES"
+        call: dict[str, Any] = {
+            "operation": operation,
+            "params": dict(params),
+            "kind": classify(operation, params),
+        }
+        context["meter"] = call
+        if operation not in WRITE_OPERATIONS:
+            return
+        if operation == "UpdateItem" and params.get("ReturnValues") == "ALL_OLD":
+            return  # the answer carries the item before the write
+        slot = self._slot(params)
+        with self._lock:
+            known = slot in self._items
+        if not known:
+            call["old"] = self._read(params["TableName"], _key_of(params))
 
     def _before_send(self, **_: Any) -> None:
-        self.counts.attempts += 1
+        with self._lock:
+            self.attempts += 1
 
-    def _after_call(self, parsed: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
-        kind = context.get("request_class", OTHER)
-        if parsed.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
-            self.counts.conditional_failures[kind] += 1
+    def _after_error(self, context: dict[str, Any], **_: Any) -> None:
+        call = context.get("meter")
+        if call is not None:
+            with self._lock:
+                self._tally.add(call["kind"], "calls")
+                self._tally.add(call["kind"], "errors")
+
+    def _after(self, parsed: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        call = context.get("meter")
+        if call is None:
+            return
+        kind, operation, params = call["kind"], call["operation"], call["params"]
+        error = parsed.get("Error", {}).get("Code")
         consumed = parsed.get("ConsumedCapacity") or {}
-        self.counts.table_units[kind] += float(consumed.get("Table", {}).get("CapacityUnits", 0))
-        for index in (consumed.get("GlobalSecondaryIndexes") or {}).values():
-            self.counts.index_units[kind] += float(index.get("CapacityUnits", 0))
+        computed: dict[str, float] = {}
+        page: PageWrite | None = None
+        slot = self._slot(params)
+        if error == CONDITION_FAILED:
+            existing = parsed.get("Item") or call.get("old") or self._known(slot)
+            computed[TABLE] = cm.failed_write_units(existing)
+            if parsed.get("Item"):
+                self._remember(slot, parsed["Item"])
+        elif error is None and operation in WRITE_OPERATIONS:
+            old, new = self._before_and_after(call, parsed, slot)
+            cost = cm.write_cost(old, new)
+            computed = {TABLE: cost.table, **cost.indexes}
+            self._remember(slot, new)
+            if kind == PAGE and new is not None:
+                page = _page_write(new, cost.table)
+        elif error is None and operation in ("Query", "GetItem"):
+            items = parsed.get("Items", []) if operation == "Query" else [parsed.get("Item")]
+            size = sum(cm.item_size(item) for item in items)
+            consistent = bool(params.get("ConsistentRead", False))
+            computed[params.get("IndexName") or TABLE] = cm.read_units(size, consistent=consistent)
+            if operation == "GetItem" and consistent:
+                self._remember(slot, parsed.get("Item"))
+        with self._lock:
+            tally = self._tally
+            tally.add(kind, "calls")
+            if error == CONDITION_FAILED:
+                tally.add(kind, "failed")
+            elif error is not None:
+                tally.add(kind, "errors")
+            for target, units in computed.items():
+                tally.add(kind, f"computed:{target}", units)
+            if consumed:
+                tally.add(kind, "reported")
+                table_units = float(consumed.get("Table", {}).get("CapacityUnits", 0.0))
+                tally.add(kind, f"consumed:{TABLE}", table_units)
+                for name, index in (consumed.get("GlobalSecondaryIndexes") or {}).items():
+                    tally.add(kind, f"consumed:{name}", float(index.get("CapacityUnits", 0.0)))
+            if page is not None:
+                self.pages.append(page)
+
+    # --- the meter's copy of the items ------------------------------------------------
+
+    @staticmethod
+    def _slot(params: Mapping[str, Any]) -> tuple[str, str]:
+        key = _key_of(params)
+        return (str(params.get("TableName")), json.dumps(key, sort_keys=True, default=str))
+
+    def _known(self, slot: tuple[str, str]) -> Item | None:
+        with self._lock:
+            return self._items.get(slot)
+
+    def _remember(self, slot: tuple[str, str], item: Item | None) -> None:
+        with self._lock:
+            self._items[slot] = item
+
+    def _read(self, table_name: str, key: Item) -> Item | None:
+        item: Item | None = self._inspector.get_item(
+            TableName=table_name, Key=key, ConsistentRead=True
+        ).get("Item")
+        return item
+
+    def _before_and_after(
+        self, call: Mapping[str, Any], parsed: Mapping[str, Any], slot: tuple[str, str]
+    ) -> tuple[Item | None, Item | None]:
+        operation, params = call["operation"], call["params"]
+        returned = parsed.get("Attributes")
+        if operation == "UpdateItem" and params.get("ReturnValues") == "ALL_OLD":
+            old = returned
+        else:
+            old = call["old"] if "old" in call else self._known(slot)
+        if operation == "PutItem":
+            return old, params["Item"]
+        if operation == "DeleteItem":
+            return old, None
+        if params.get("ReturnValues") == "ALL_NEW":
+            return old, returned
+        return old, self._read(params["TableName"], _key_of(params))
+
+
+def _page_write(item: Mapping[str, Any], units: int) -> PageWrite:
+    blob = bytes(item[schema.PAGE_ENTRIES]["B"])
+    return PageWrite(
+        entries=len(json.loads(zlib.decompress(blob))),
+        blob_bytes=len(blob),
+        item_bytes=cm.item_size(item),
+        units=units,
+    )
+
+
+# --- the worker and its connections -------------------------------------------------------
 
 
 class CountingHandler:
-    """A no-op handler that counts what it was given."""
+    """A no-op handler that counts what it was given, per connection."""
 
     def __init__(self) -> None:
         self.messages = 0
+        self.by_connection: dict[str, int] = defaultdict(int)
 
     async def handle(self, delivery: Delivery) -> None:
         self.messages += 1
+        self.by_connection[delivery.connection_id] += 1
 
 
 @dataclass
 class InProcessWorker:
-    name: str
     config: WorkerConfig
     worker: Worker
-    counter: RequestCounter
+    meter: Meter
     handler: CountingHandler
-    deployment: Deployment
 
 
-def build(
-    name: str, env: dict[str, str], deployment: Deployment, work_dir: Path
-) -> InProcessWorker:
-    """A worker built as ``python -m worker`` builds one, with counting hooks."""
+def build(deployment: Deployment, work_dir: Path, inspector: DynamoDBClient) -> InProcessWorker:
+    """A worker built as ``python -m worker`` builds one, with the meter on both of
+    its DynamoDB clients; no timing variable is set, nor ``WORKER_ID`` (the default id:
+    host, pid and a random suffix)."""
     config = WorkerConfig.from_env(
         {
             "TABLE_NAME": deployment.table,
             "QUEUE_URL": deployment.queue_url,
-            "WORKER_ID": f"{name}-worker",
-            "HEALTH_FILE": str(work_dir / f"{name}.alive"),
+            "HEALTH_FILE": str(work_dir / "worker.alive"),
             "SQS_WAIT_SECONDS": "10",
             "METRICS_INTERVAL_SECONDS": "60",
-            **env,
         }
     )
     clients = make_clients(
         config.timing, sqs_wait_seconds=config.sqs_wait_seconds, pool_size=AWS_THREADS
     )
-    counter = RequestCounter()
-    counter.register(clients.dynamodb)
+    meter = Meter(inspector)
+    meter.register(clients.dynamodb)
+    meter.register(clients.renewals)
     handler = CountingHandler()
-    store = LeaseStore(clients.dynamodb, config.table_name, config.timing)
-    deps = WorkerDeps(store=store, sqs=clients.sqs, handler=handler, protocol=JsonSeqProtocol())
-    return InProcessWorker(name, config, Worker(config, deps), counter, handler, deployment)
+    deps = WorkerDeps(
+        store=LeaseStore(clients.dynamodb, config.table_name, config.timing),
+        sessions=SessionStore(clients.dynamodb, config.table_name, config.timing),
+        renewals=SessionStore(clients.renewals, config.table_name, config.timing),
+        sqs=clients.sqs,
+        handler=handler,
+        protocol=JsonSeqProtocol(),
+    )
+    return InProcessWorker(config, Worker(config, deps), meter, handler)
+
+
+def start_connections(
+    deployment: Deployment, stack: LocalServers, count: int, rate: float
+) -> list[str]:
+    """Start ``count`` connections through the router, which makes their ids."""
+
+    # A start without an id is not safe to retry (a lost answer would leave a second
+    # connection behind): wait long for each answer instead, on a loaded machine too.
+    api = FleetClient(deployment.api.api_url, timeout=START_TIMEOUT_S)
+
+    def start(n: int) -> str:
+        answer = api.start(stack.feed_url(f"stream-{n}", {"rate": rate}))
+        return str(answer["connection_id"])
+
+    with ThreadPoolExecutor(START_THREADS, thread_name_prefix="start") as pool:
+        return list(pool.map(start, range(count)))
+
+
+@dataclass
+class Measured:
+    steady: Tally
+    whole: Tally
+    seconds: float
+    messages: int
+    connection_ids: list[str]
+    held_at_end: int
+    settle_seconds: float
+    pages: list[PageWrite]
 
 
 async def drive(
-    workers: list[InProcessWorker], stack: LocalServers, connections: int, window: float
-) -> dict[str, tuple[Counts, Counts, float, int]]:
-    """Run the workers; per worker: counts over the steady window, counts of the whole
-    run, the window's length, messages handled in the window."""
+    w: InProcessWorker, deployment: Deployment, stack: LocalServers, args: argparse.Namespace
+) -> Measured:
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(AWS_THREADS, thread_name_prefix="aws"))
-    stops = {w.name: asyncio.Event() for w in workers}
-    tasks = [asyncio.create_task(w.worker.run(stops[w.name])) for w in workers]
+    stop = asyncio.Event()
+    task = asyncio.create_task(w.worker.run(stop))
+    began = time.monotonic()
     try:
-        for w in workers:
-            for i in range(connections):
-                cid = f"{w.name}-{i}"
-                url = stack.feed_url(cid, {"rate": 1})
-                await loop.run_in_executor(None, w.deployment.start_connection, cid, url)
-        deadline = time.monotonic() + SETTLE_TIMEOUT_S
-        while any(len(w.worker.owned()) < connections for w in workers):
-            if time.monotonic() > deadline:
-                raise TimeoutError("the workers did not acquire every connection")
-            await asyncio.sleep(0.1)
-        # One heartbeat in, every connection has started its renew cycle.
-        await asyncio.sleep(max(w.config.timing.heartbeat for w in workers))
-        before = {w.name: (w.counter.snapshot(), w.handler.messages) for w in workers}
-        started = time.monotonic()
-        await asyncio.sleep(window)
-        seconds = time.monotonic() - started
-        after = {w.name: (w.counter.snapshot(), w.handler.messages) for w in workers}
-    finally:
-        for stop in stops.values():
-            stop.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return {
-        w.name: (
-            after[w.name][0].minus(before[w.name][0]),
-            w.counter.snapshot(),
-            seconds,
-            after[w.name][1] - before[w.name][1],
+        ids = await loop.run_in_executor(
+            None, start_connections, deployment, stack, args.connections, args.rate
         )
-        for w in workers
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while len(w.worker.owned()) < len(ids) or any(
+            w.handler.by_connection.get(cid, 0) == 0 for cid in ids
+        ):
+            if time.monotonic() > deadline or task.done():
+                raise TimeoutError(
+                    f"{len(w.worker.owned())} of {len(ids)} connections held and"
+                    f" {sum(1 for c in ids if w.handler.by_connection.get(c))} handling"
+                    f" after {SETTLE_TIMEOUT_S:g} s"
+                )
+            await asyncio.sleep(0.2)
+        # One checkpoint interval and one pass more: the page holds every connection.
+        timing = w.config.timing
+        await asyncio.sleep(timing.checkpoint + timing.reconcile)
+        settle = time.monotonic() - began
+        before, messages_before = w.meter.snapshot(), w.handler.messages
+        pages_before = len(w.meter.pages)
+        started = time.monotonic()
+        await asyncio.sleep(args.window)
+        seconds = time.monotonic() - started
+        after, messages_after = w.meter.snapshot(), w.handler.messages
+        held = len(w.worker.owned())
+        pages = w.meter.pages[pages_before:]
+    finally:
+        stop.set()
+        await asyncio.gather(task, return_exceptions=True)
+    return Measured(
+        steady=after.minus(before),
+        whole=w.meter.snapshot(),
+        seconds=seconds,
+        messages=messages_after - messages_before,
+        connection_ids=ids,
+        held_at_end=held,
+        settle_seconds=settle,
+        pages=pages,
+    )
+
+
+# --- figures ------------------------------------------------------------------------------
+
+
+def _round(value: float, digits: int = 2) -> float:
+    return round(value, digits)
+
+
+def _per_call(tally: Tally, kind: str) -> float:
+    calls = tally.get(kind, "calls")
+    return tally.units(kind, "computed") / calls if calls else 0.0
+
+
+def _passes(tally: Tally) -> float:
+    """Reconcile passes: each lists every session partition once."""
+    return tally.get(SESSION_LIST, "calls") / schema.SESSION_SHARDS
+
+
+def cadence(steady: Tally, seconds: float, timing: LeaseTiming) -> dict[str, Any]:
+    """Seconds between session renews, page writes and reconcile passes, measured and
+    nominal (a pass's own duration adds to its jittered sleep; a page's write to the
+    checkpoint interval)."""
+
+    def every(calls: float) -> float | None:
+        return _round(seconds / calls, 3) if calls else None
+
+    return {
+        "renew_every_s": every(steady.get(RENEW, "calls")),
+        "page_every_s": every(steady.get(PAGE, "calls")),
+        "pass_every_s": every(_passes(steady)),
+        "nominal": {
+            "renew_every_s": timing.heartbeat,
+            "page_every_s": timing.checkpoint,
+            "pass_every_s": timing.reconcile,
+        },
     }
 
 
-def figures(
-    w: InProcessWorker,
-    steady: Counts,
-    whole: Counts,
-    seconds: float,
-    connections: int,
-    messages: int,
-) -> dict[str, Any]:
-    connection_hours = connections * seconds / 3600
-    worker_hours = seconds / 3600
-    model = load_of(ModelFleet(connections, 1, w.config.timing))
-    per_hour = {k: round(steady.calls[k] / connection_hours, 1) for k in CLASSES}
+def at_nominal_cadence(steady: Tally, timing: LeaseTiming, connections: int) -> dict[str, float]:
+    """The measured units per renew, per page and per pass, at the nominal cadence
+    (what an idle machine approaches from below)."""
+    passes = _passes(steady)
+    per_pass = (
+        sum(steady.units(k, "computed") for k in (SESSION_LIST, OWNER_QUERY, UNOWNED_QUERY))
+        / passes
+        if passes
+        else 0.0
+    )
+    per_hour = cm.SECONDS_PER_HOUR / connections
+    renew = _per_call(steady, RENEW) * per_hour / timing.heartbeat
+    page = _per_call(steady, PAGE) * per_hour / timing.checkpoint
+    reads = per_pass * per_hour / timing.reconcile
+    return {
+        "renew_units_per_call": _round(_per_call(steady, RENEW)),
+        "page_units_per_call": _round(_per_call(steady, PAGE)),
+        "read_units_per_pass": _round(per_pass),
+        "write_units_per_connection_hour": _round(renew + page),
+        "session_renew": _round(renew),
+        "page": _round(page),
+        "read_units_per_connection_hour": _round(reads),
+        "per_connection_month_usd_on_demand": round(
+            cm.per_connection_month_usd(renew + page, reads), 4
+        ),
+    }
+
+
+def figures(w: InProcessWorker, m: Measured, connections: int) -> dict[str, Any]:
+    timing = w.config.timing
+    connection_hours = connections * m.seconds / cm.SECONDS_PER_HOUR
+    steady = m.steady
+
+    def per_hour(value: float) -> float:
+        return _round(value / connection_hours)
+
+    kinds = [k for k in (*WRITE_KINDS, *READ_KINDS) if steady.get(k, "calls")]
+    by_kind = {
+        kind: {
+            "calls_per_connection_hour": per_hour(steady.get(kind, "calls")),
+            "computed_units_per_connection_hour": per_hour(steady.units(kind, "computed")),
+            "reported_units_per_connection_hour": per_hour(steady.units(kind, "consumed")),
+            "calls": int(steady.get(kind, "calls")),
+            "calls_with_reported_capacity": int(steady.get(kind, "reported")),
+            "failed_conditions": int(steady.get(kind, "failed")),
+            "errors": int(steady.get(kind, "errors")),
+        }
+        for kind in kinds
+    }
+    others = tuple(k for k in WRITE_KINDS if k not in (RENEW, PAGE))
+    writes = per_hour(steady.total(WRITE_KINDS, "computed"))
+    reads = per_hour(steady.total(READ_KINDS, "computed"))
+    fleet = cm.Fleet(connections, 1, timing, w.config.max_connections, worker_id=w.config.worker_id)
+    model = cm.report(fleet, cm.Prices())
+    page_entries = [p.entries for p in m.pages]
+    page_blob = [p.blob_bytes for p in m.pages]
     return {
         "timing": {
-            "lease_s": w.config.timing.lease,
-            "heartbeat_s": w.config.timing.heartbeat,
-            "reconcile_s": w.config.timing.reconcile,
+            "lease_s": timing.lease,
+            "heartbeat_s": timing.heartbeat,
+            "reconcile_s": timing.reconcile,
+            "checkpoint_s": timing.checkpoint,
+            "max_connections": w.config.max_connections,
         },
-        "window_s": round(seconds, 1),
         "connections": connections,
-        "messages_in_window": messages,
-        "calls_in_window": dict(steady.calls),
-        "calls_per_connection_hour": per_hour,
-        "all_calls_per_connection_hour": round(sum(steady.calls.values()) / connection_hours, 1),
-        "http_attempts_in_window": steady.attempts,
-        "renews_moving_the_checkpoint": steady.renews_moving_checkpoint,
-        "checkpoint_only_writes": steady.calls[CHECKPOINT_ONLY],
+        "worker_id": w.config.worker_id,
+        "id_example": m.connection_ids[0] if m.connection_ids else None,
+        "held_at_end": m.held_at_end,
+        "settle_s": _round(m.settle_seconds, 1),
+        "window_s": _round(m.seconds, 1),
+        "messages_in_window": m.messages,
+        "messages_per_connection_second": _round(m.messages / (connections * m.seconds), 3),
         "write_units_per_connection_hour": {
-            "table": round(steady.write_units(index=False) / connection_hours, 1),
-            "index": round(steady.write_units(index=True) / connection_hours, 1),
+            "total": writes,
+            RENEW: per_hour(steady.units(RENEW, "computed")),
+            PAGE: per_hour(steady.units(PAGE, "computed")),
+            "other": per_hour(steady.total(others, "computed")),
         },
-        "reconcile_queries_per_worker_hour": round(steady.calls[RECONCILE] / worker_hours, 1),
-        "read_units_per_worker_hour": round(steady.index_units[RECONCILE] / worker_hours, 1),
-        "conditional_failures_in_window": dict(steady.conditional_failures),
+        "read_units_per_connection_hour": {
+            "total": reads,
+            **{k: per_hour(steady.units(k, "computed")) for k in READ_KINDS if k in kinds},
+        },
+        "per_connection_month_usd_on_demand": round(cm.per_connection_month_usd(writes, reads), 4),
+        "cadence": cadence(steady, m.seconds, timing),
+        "at_nominal_cadence": at_nominal_cadence(steady, timing, connections),
+        "cross_check": {
+            "computed_write_units": _round(steady.total(WRITE_KINDS, "computed")),
+            "reported_write_units": _round(steady.total(WRITE_KINDS, "consumed")),
+            "computed_read_units": _round(steady.total(READ_KINDS, "computed")),
+            "reported_read_units": _round(steady.total(READ_KINDS, "consumed")),
+            "computed_write_units_by_target": {
+                k: _round(v) for k, v in steady.by_target(WRITE_KINDS, "computed").items()
+            },
+            "reported_write_units_by_target": {
+                k: _round(v) for k, v in steady.by_target(WRITE_KINDS, "consumed").items()
+            },
+            "computed_read_units_by_target": {
+                k: _round(v) for k, v in steady.by_target(READ_KINDS, "computed").items()
+            },
+            "reported_read_units_by_target": {
+                k: _round(v) for k, v in steady.by_target(READ_KINDS, "consumed").items()
+            },
+        },
+        "by_kind": by_kind,
+        "pages": {
+            "writes": len(m.pages),
+            "entries_mean": _round(sum(page_entries) / len(page_entries), 1) if m.pages else 0,
+            "blob_bytes_mean": _round(sum(page_blob) / len(page_blob), 1) if m.pages else 0,
+            "bytes_per_entry": _round(sum(page_blob) / max(1, sum(page_entries)), 2),
+            "units": sorted({p.units for p in m.pages}),
+        },
         "whole_run": {
-            "acquire_per_connection": round(whole.calls[ACQUIRE] / connections, 2),
-            "release_per_connection": round(whole.calls[RELEASE] / connections, 2),
-            "write_units_per_acquire": round(
-                (whole.table_units[ACQUIRE] + whole.index_units[ACQUIRE])
-                / max(1, whole.calls[ACQUIRE]),
-                2,
-            ),
-            "write_units_per_release": round(
-                (whole.table_units[RELEASE] + whole.index_units[RELEASE])
-                / max(1, whole.calls[RELEASE]),
-                2,
-            ),
+            kind: int(m.whole.get(kind, "calls"))
+            for kind in (*WRITE_KINDS, *READ_KINDS)
+            if m.whole.get(kind, "calls")
+        },
+        "whole_run_units_per_call": {
+            kind: _round(m.whole.units(kind, "computed") / m.whole.get(kind, "calls"))
+            for kind in (SESSION_OPEN, ACQUIRE, RELEASE, SESSION_END)
+            if m.whole.get(kind, "calls")
         },
         "model": {
-            "renews_per_connection_hour": round(model.renews_per_second * 3600 / connections, 1),
-            "write_units_per_connection_hour": round(
-                model.write_units_per_second * 3600 / connections, 1
-            ),
-            "reconcile_queries_per_worker_hour": round(3600 / w.config.timing.reconcile, 1),
-            "read_units_per_worker_hour": round(model.reads_per_second * 3600, 1),
+            "write_units_per_connection_hour": model["write_units_per_connection_hour"],
+            "read_units_per_connection_hour": model["read_units_per_connection_hour"],
+            "per_connection_month_usd_on_demand": model["per_connection_month_usd_on_demand"],
+            "sizes": model["sizes"],
         },
+        "previous_design": model["previous_design"],
     }
 
 
 def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
-    profiles = {
-        "ours": {"LEASE_SECONDS": repr(LEASE_SECONDS)},
-        "seed": {
-            "LEASE_SECONDS": repr(LEASE_SECONDS),
-            "RECONCILE_SECONDS": repr(3 * LEASE_SECONDS),
-            "REASSIGN_ON_RELEASE": "false",
-        },
-    }
-    with LocalServers(work_dir, feeds=1, feed_rate=1.0) as stack:
-        # The workers run in this process: boto3 reads endpoints and credentials from
+    with LocalServers(work_dir, feeds=1, feed_rate=args.rate) as stack:
+        # The worker runs in this process: boto3 reads endpoints and credentials from
         # its environment, as in a deployment.
         use_local_aws(os.environ, stack.endpoints)
-        workers = [
-            build(name, env, stack.deployment(name), work_dir) for name, env in profiles.items()
-        ]
-        # The workers' EMF lines go to stdout: keep this command's output readable.
+        deployment = stack.deployment("bench")
+        inspector: DynamoDBClient = services.local_client(
+            "dynamodb",
+            stack.endpoints.dynamodb,
+            config=Config(max_pool_connections=AWS_THREADS + 2, retries={"mode": "standard"}),
+        )
+        w = build(deployment, work_dir, inspector)
+        # The worker's EMF lines go to stdout: keep this command's output readable.
         with contextlib.redirect_stdout(io.StringIO()):
-            measured = asyncio.run(drive(workers, stack, args.connections, args.window))
-    return {
-        "benchmark": "ddb_requests",
-        "profiles": {
-            w.name: figures(w, *measured[w.name][:3], args.connections, measured[w.name][3])
-            for w in workers
-        },
-        "machine": machine(),
-    }
-
-
-def per_lifecycle(profile: dict[str, Any]) -> str:
-    whole = profile["whole_run"]
-    return f"{whole['write_units_per_acquire']} / {whole['write_units_per_release']}"
+            measured = asyncio.run(drive(w, deployment, stack, args))
+        meter_attempts = w.meter.attempts
+    result = figures(w, measured, args.connections)
+    result["http_attempts_whole_run"] = meter_attempts
+    return {"benchmark": "ddb_requests", "result": result, "machine": machine()}
 
 
 def render(result: dict[str, Any]) -> str:
-    ours, seed = result["profiles"]["ours"], result["profiles"]["seed"]
-    rows: list[list[object]] = []
-    for kind in (RENEW, ACQUIRE, RELEASE, CHECKPOINT_ONLY, OTHER):
-        rows.append(
-            [
-                f"{kind} calls / connection-hour",
-                ours["calls_per_connection_hour"][kind],
-                seed["calls_per_connection_hour"][kind],
-                ours["model"]["renews_per_connection_hour"] if kind == RENEW else "",
-            ]
-        )
-    rows += [
+    r = result["result"]
+    model_writes = r["model"]["write_units_per_connection_hour"]
+    model_reads = r["model"]["read_units_per_connection_hour"]
+    model_of = {
+        RENEW: model_writes.get(cm.RENEW),
+        PAGE: model_writes.get(cm.PAGE),
+        SESSION_LIST: model_reads.get(cm.SESSION_LIST),
+        OWNER_QUERY: model_reads.get(cm.OWNER_QUERY),
+        UNOWNED_QUERY: model_reads.get(cm.UNOWNED_QUERY),
+    }
+    rows: list[list[object]] = [
         [
-            "write units / connection-hour: table",
-            ours["write_units_per_connection_hour"]["table"],
-            seed["write_units_per_connection_hour"]["table"],
-            ours["model"]["renews_per_connection_hour"],
-        ],
-        [
-            "write units / connection-hour: index",
-            ours["write_units_per_connection_hour"]["index"],
-            seed["write_units_per_connection_hour"]["index"],
-            2 * ours["model"]["renews_per_connection_hour"],
-        ],
-        [
-            "renews that moved the checkpoint",
-            ours["renews_moving_the_checkpoint"],
-            seed["renews_moving_the_checkpoint"],
-            "",
-        ],
-        [
-            "reconcile queries / worker-hour",
-            ours["reconcile_queries_per_worker_hour"],
-            seed["reconcile_queries_per_worker_hour"],
-            f"{ours['model']['reconcile_queries_per_worker_hour']} / "
-            f"{seed['model']['reconcile_queries_per_worker_hour']}",
-        ],
-        [
-            "read units / worker-hour",
-            ours["read_units_per_worker_hour"],
-            seed["read_units_per_worker_hour"],
-            f"{ours['model']['read_units_per_worker_hour']} / "
-            f"{seed['model']['read_units_per_worker_hour']}",
-        ],
-        [
-            "acquisitions / connection (start)",
-            ours["whole_run"]["acquire_per_connection"],
-            seed["whole_run"]["acquire_per_connection"],
-            "",
-        ],
-        [
-            "releases / connection (graceful stop)",
-            ours["whole_run"]["release_per_connection"],
-            seed["whole_run"]["release_per_connection"],
-            "",
-        ],
-        [
-            "write units per acquire / release",
-            per_lifecycle(ours),
-            per_lifecycle(seed),
-            "3 / 3",
-        ],
+            kind,
+            k["calls_per_connection_hour"],
+            k["computed_units_per_connection_hour"],
+            k["reported_units_per_connection_hour"],
+            "" if model_of.get(kind) is None else model_of[kind],
+            k["failed_conditions"],
+            k["errors"],
+        ]
+        for kind, k in r["by_kind"].items()
     ]
-    return table(["figure (steady window)", "ours", "seed", "cost model"], rows)
+    kinds = table(
+        [
+            "kind (steady window)",
+            "calls/conn-h",
+            "units/conn-h (billing rules)",
+            "units/conn-h (DynamoDB Local)",
+            "model",
+            "failed cond.",
+            "errors",
+        ],
+        rows,
+    )
+    writes, reads, check = (
+        r["write_units_per_connection_hour"],
+        r["read_units_per_connection_hour"],
+        r["cross_check"],
+    )
+    pages, timing, nominal = r["pages"], r["timing"], r["at_nominal_cadence"]
+    lines = [
+        kinds,
+        "",
+        f"write units / connection-hour: {writes['total']:.2f}"
+        f" (session renew {writes[RENEW]:.2f}, page {writes[PAGE]:.2f},"
+        f" other {writes['other']:.2f}); model {model_writes['total']:.2f}",
+        f"read units / connection-hour: {reads['total']:.2f}; model {model_reads['total']:.2f}",
+        f"on demand: ${r['per_connection_month_usd_on_demand']:.4f} per connection-month;"
+        f" model ${r['model']['per_connection_month_usd_on_demand']:.4f}",
+        f"cadence: a renew every {r['cadence']['renew_every_s']} s, a page every"
+        f" {r['cadence']['page_every_s']} s, a reconcile pass every"
+        f" {r['cadence']['pass_every_s']} s (nominal {timing['heartbeat_s']:g}, "
+        f"{timing['checkpoint_s']:g}, {timing['reconcile_s']:g})",
+        f"at the nominal cadence: {nominal['write_units_per_connection_hour']:.2f} write units"
+        f" (session renew {nominal['session_renew']:.2f}, page {nominal['page']:.2f}) and"
+        f" {nominal['read_units_per_connection_hour']:.2f} read units / connection-hour,"
+        f" ${nominal['per_connection_month_usd_on_demand']:.4f} per connection-month",
+        f"pages: {pages['writes']} in the window, {pages['entries_mean']:g} entries,"
+        f" {pages['blob_bytes_mean']:,.0f} B packed ({pages['bytes_per_entry']:g} B an entry),"
+        f" {pages['units']} units each",
+        f"cross-check, window: writes {check['computed_write_units']:g} units by the billing"
+        f" rules, {check['reported_write_units']:g} reported by DynamoDB Local; reads"
+        f" {check['computed_read_units']:g} and {check['reported_read_units']:g}",
+        f"messages: {r['messages_per_connection_second']:g} per connection-second;"
+        f" {r['held_at_end']} of {r['connections']} held at the end; ids like {r['id_example']};"
+        f" worker {r['worker_id']}",
+    ]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.ddb_requests", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--connections", type=int, default=50, help="per worker")
+    parser.add_argument("--connections", type=int, default=500)
     parser.add_argument("--window", type=float, default=120.0, help="steady seconds counted")
+    parser.add_argument("--rate", type=float, default=1.0, help="messages a second, each")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     try:
@@ -452,10 +833,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; every child process has been stopped", file=sys.stderr)
         return 130
-    ours = result["profiles"]["ours"]
+    r = result["result"]
     emit(
-        f"DynamoDB requests, {args.connections} connections per worker, "
-        f"{ours['window_s']:g} s steady window (lease 20 s, heartbeat 5 s)",
+        f"DynamoDB capacity, one worker, {args.connections} connections at {args.rate:g} msg/s,"
+        f" {r['window_s']:g} s steady window (lease {r['timing']['lease_s']:g} s,"
+        f" heartbeat {r['timing']['heartbeat_s']:g} s,"
+        f" checkpoint {r['timing']['checkpoint_s']:g} s)",
         render(result),
         result,
     )

@@ -16,9 +16,12 @@ class Profile:
     env: Mapping[str, str]
 
 
-def ours(lease_seconds: float) -> Profile:
-    """The project's defaults: only the lease is set; heartbeat and reconcile are
-    lease/4, and a released lease is announced with a ``reassign`` message."""
+def ours(lease_seconds: float | None) -> Profile:
+    """The project's defaults: only the lease is set (nothing at all with ``None``: the
+    shipped defaults); heartbeat and reconcile follow it, and a released connection
+    is announced with a ``reassign`` message."""
+    if lease_seconds is None:
+        return Profile("ours", {})
     return Profile("ours", {worker_settings.LEASE_SECONDS: repr(lease_seconds)})
 
 

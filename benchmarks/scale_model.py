@@ -1,24 +1,29 @@
-"""The lease table at scale: today's design against the session design of
-``docs/SCALING.md``, with the prices and arithmetic of :mod:`benchmarks.cost_model`.
+"""How many connections one table holds in the session design: the hottest partition
+key of the table and of each index, in steady state and while a dead worker's
+connections are taken over within a second, with the sizes and billing rules of
+:mod:`benchmarks.cost_model`.
 
 ``python -m benchmarks.scale_model [--connections 100000] [--per-worker 500]``
 
-Designs compared at the same lease timing (lease 20 s, heartbeat 5 s, reconcile 5 s),
-hence the same crash failover bound:
+The partition keys that take load (docs/DESIGN.md §2, §3):
 
-- ``current``: one conditional renew per connection per heartbeat, carrying the
-  checkpoint; each renew moves the GSI sort key (one table write + two index writes).
-- ``sessions+pages``: one small session item per worker renewed every heartbeat (its
-  expiry is the sort key of a sessions index: one table write + two index writes),
-  connection items written only when ownership changes, and each worker's checkpoints
-  packed into one page item written every heartbeat (a write costs one unit per KB of
-  the item, so a page of 500 entries costs about 25 units instead of 500). Stops are
-  noticed by a per-worker query of a by-owner index every heartbeat (reads).
-- ``sessions+rare``: the same, but each connection's checkpoint written to its own item
-  every ``--checkpoint-seconds`` (simpler; more duplicates after a crash).
+- ``SESSIONS#n`` (table, 4 of them): every session renew of the workers whose id
+  hashes there, every heartbeat; every worker's listing Query, every reconcile pass;
+  the reap of a dead session.
+- ``PAGE#<worker>#<gen>`` (table, one per session): the page put every checkpoint.
+- ``CONN#<id>`` (table, one per connection): ownership changes only.
+- ``<worker>#<gen>#<n>`` (``by-owner``, 4 per session): nothing in steady state; a
+  takeover deletes every entry of the dead session's keys and puts one under the
+  taker's keys.
+- ``FREE#n`` (``unowned``, 8): starts, releases and acquires only.
+- ``STARTED`` / ``STOPPED`` (``by-desired-state``): the router's starts and stops only.
 
-Write units are counted the way DynamoDB bills them (1 per KB of the larger of the item
-before and after the write, plus 2 per index entry whose key changes), not estimated.
+A table holds a fleet when every partition key stays under half of what a partition
+absorbs (1,000 write units/s; 3,000 read units/s for reads) in steady state and during
+a one-second takeover of ``--dead-workers`` workers. Connections per table is the
+largest fleet of ``--per-worker`` connections per worker that does; the write
+criterion is the one the design was asked to meet, the read criterion is printed
+beside it.
 """
 
 from __future__ import annotations
@@ -26,152 +31,209 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
-from benchmarks.cost_model import (
-    GSI_PARTITION_WRITES_PER_SECOND,
-    INDEX_WRITES_PER_RENEW,
-    Fleet,
-    Load,
-    MonthlyCost,
-    Prices,
-    load_of,
-    monthly_cost,
-)
+from benchmarks import cost_model as cm
 from benchmarks.report import table
+from wsfleet import schema
 from wsfleet.timing import LeaseTiming
 
-KB = 1024
-READ_UNIT_BYTES = 4 * KB
-EVENTUALLY_CONSISTENT = 0.5
+HEADROOM = 0.5
+"""A partition key may use this share of what a partition absorbs."""
+WRITE_LIMIT = HEADROOM * cm.PARTITION_WRITE_UNITS_PER_SECOND
+READ_LIMIT = HEADROOM * cm.PARTITION_READ_UNITS_PER_SECOND
+MAX_SEARCH_CONNECTIONS = 100_000_000
 
 
 @dataclass(frozen=True, slots=True)
 class Scale:
     connections: int = 100_000
     per_worker: int = 500
-    timing: LeaseTiming = field(default_factory=lambda: LeaseTiming.from_lease(20.0))
-    checkpoint_entry_bytes: int = 50
-    """One connection in a packed page: id (32 chars for the router's generated ids),
-    epoch and seq as numbers, map overhead."""
-    owner_index_entry_bytes: int = 80
-    """One by-owner index entry read by the stop query: keys + desired_state + start_gen."""
-    rare_checkpoint_seconds: float = 60.0
+    timing: LeaseTiming = field(default_factory=LeaseTiming.from_lease)
+    capacity: int = cm.DEFAULT_CAPACITY
+    """``MAX_CONNECTIONS``: the most a taker can take at once."""
+    takeover_seconds: float = 1.0
+    dead_workers: int = 1
+    """Workers whose sessions lapse together (one crash; more for a zone)."""
+    churn_per_hour: float = 0.0
+    """Starts + stops per connection per hour (the router's writes)."""
+    what_ifs: dict[str, Any] = field(default_factory=dict)
+    """:class:`benchmarks.cost_model.Fleet` what-ifs (session shards, shards listed per
+    pass, stray check every N passes); empty: the design as built."""
 
     @property
     def workers(self) -> int:
         return math.ceil(self.connections / self.per_worker)
 
+    def fleet(self) -> cm.Fleet:
+        return cm.Fleet(
+            self.connections,
+            self.workers,
+            self.timing,
+            self.capacity,
+            connection_churn_per_hour=self.churn_per_hour,
+            **self.what_ifs,
+        )
+
 
 @dataclass(frozen=True, slots=True)
-class DesignFigures:
+class HotKey:
+    """The busiest key of one kind, in units per second."""
+
     name: str
-    load: Load
-    cost: MonthlyCost
-    hottest_index_partition_writes_per_second: float
-    crash_duplicate_window_s: float
-    """Most seconds of messages delivered again after a crash (handled after the last
-    checkpoint that reached DynamoDB)."""
-    partition_duplicate_window_s: float
-    """The same after a DynamoDB partition: the worker handles until its fence deadline."""
-    crash_failover_bound_s: float
+    where: str
+    steady_writes: float
+    takeover_writes: float
+    steady_reads: float
+
+    @property
+    def peak_writes(self) -> float:
+        return max(self.steady_writes, self.takeover_writes)
 
 
-def current(scale: Scale, prices: Prices) -> DesignFigures:
-    """Today's design (per-connection renews), from :func:`cost_model.load_of`."""
+def hot_keys(scale: Scale, sizes: cm.Sizes | None = None) -> list[HotKey]:
     timing = scale.timing
-    load = load_of(Fleet(scale.connections, scale.workers, timing))
-    return DesignFigures(
-        name="current",
-        load=load,
-        cost=monthly_cost(load, prices),
-        hottest_index_partition_writes_per_second=load.index_writes_per_second,
-        crash_duplicate_window_s=timing.heartbeat,
-        partition_duplicate_window_s=timing.fence_after,
-        crash_failover_bound_s=timing.crash_failover_bound(),
-    )
-
-
-def sessions(scale: Scale, prices: Prices, *, packed: bool) -> DesignFigures:
-    """The session design with packed checkpoint pages (``packed``) or rare
-    per-connection checkpoints."""
-    timing = scale.timing
+    sizes = sizes or cm.sizes_of(scale.per_worker, timing, scale.capacity)
     workers = scale.workers
-    session_renews = workers / timing.heartbeat
-    # A session item is tiny: 1 unit; its expiry is the sessions-index sort key: 2 more.
-    table_writes = session_renews
-    index_writes = INDEX_WRITES_PER_RENEW * session_renews
-    if packed:
-        page_units = math.ceil(scale.per_worker * scale.checkpoint_entry_bytes / KB)
-        table_writes += workers * page_units / timing.heartbeat
-        crash_window = timing.heartbeat
-        name = "sessions+pages"
-    else:
-        # One unit per connection item (no indexed attribute changes).
-        table_writes += scale.connections / scale.rare_checkpoint_seconds
-        crash_window = scale.rare_checkpoint_seconds
-        name = "sessions+rare"
-    # Reads: the dead-session query (0.5 per worker per reconcile) and the stop query of
-    # each worker's by-owner index page every heartbeat.
-    owner_query_units = EVENTUALLY_CONSISTENT * math.ceil(
-        scale.per_worker * scale.owner_index_entry_bytes / READ_UNIT_BYTES
+    fleet = scale.fleet()
+    in_session_shard = math.ceil(workers / fleet.session_shards)
+    renews = in_session_shard * sizes.renew_units / timing.heartbeat
+    # Every worker lists every session partition once per pass (eventually consistent).
+    listing = (
+        workers
+        * fleet.listed_per_pass
+        / fleet.session_shards
+        / timing.reconcile
+        * cm.read_units(in_session_shard * sizes.session_bytes, consistent=False)
     )
-    reads = EVENTUALLY_CONSISTENT * workers / timing.reconcile + (
-        owner_query_units * workers / timing.heartbeat
+    # The reaps of sessions that lapse together (all in one shard, at worst).
+    reaps = min(scale.dead_workers, in_session_shard) / scale.takeover_seconds
+    per_owner_key = math.ceil(scale.per_worker / schema.OWNER_SHARDS)
+    taken_per_taker = min(scale.capacity, scale.per_worker * scale.dead_workers)
+    # Each connection taken over deletes its entry under a key of the dead session and
+    # puts one under a key of the taker's: one entry's units on each key.
+    owner_takeover = (
+        max(per_owner_key, math.ceil(taken_per_taker / schema.OWNER_SHARDS))
+        * cm.write_units(sizes.owner_entry_bytes)
+        / scale.takeover_seconds
     )
-    load = Load(session_renews, table_writes, index_writes, reads)
-    return DesignFigures(
-        name=name,
-        load=load,
-        cost=monthly_cost(load, prices),
-        hottest_index_partition_writes_per_second=index_writes,
-        crash_duplicate_window_s=crash_window,
-        partition_duplicate_window_s=max(timing.fence_after, crash_window),
-        crash_failover_bound_s=timing.crash_failover_bound(),
+    stray_check = (
+        cm.read_units(per_owner_key * sizes.owner_entry_bytes, consistent=False)
+        / timing.reconcile
+        / fleet.stray_check_every
     )
-
-
-def takeover_write_units(scale: Scale) -> int:
-    """Write units of taking over one dead worker's connections: one conditional write
-    per connection, whose owner is the by-owner index key (1 + 2 units), plus marking
-    the session dead (1 + 2)."""
-    return 3 * scale.per_worker + 3
-
-
-def compare(scale: Scale, prices: Prices) -> list[DesignFigures]:
+    moves = scale.connections * scale.churn_per_hour / cm.SECONDS_PER_HOUR
+    # A start puts an entry in FREE#n, its acquire deletes it; a stop moves STARTED to
+    # STOPPED in the listing index (a delete and a put), a start moves it back.
+    free_churn = 2 * moves / schema.UNOWNED_SHARDS
+    room = scale.per_worker < scale.capacity
+    free_reads = (
+        workers
+        * cm.UNOWNED_QUERIES_PER_PASS
+        / schema.UNOWNED_SHARDS
+        / timing.reconcile
+        * cm.read_units(0, consistent=False)
+        if room
+        else 0.0
+    )
     return [
-        current(scale, prices),
-        sessions(scale, prices, packed=True),
-        sessions(scale, prices, packed=False),
+        HotKey("SESSIONS#n", "table", renews, renews + reaps, listing),
+        HotKey("PAGE#<worker>#<gen>", "table", sizes.page_units / timing.checkpoint, 0.0, 0.0),
+        HotKey("CONN#<id>", "table", 0.0, 1 / scale.takeover_seconds, 0.0),
+        HotKey(
+            "<worker>#<gen>#<n>",
+            schema.OWNER_INDEX_NAME,
+            moves / max(1, workers * schema.OWNER_SHARDS),
+            owner_takeover,
+            stray_check,
+        ),
+        HotKey("FREE#n", schema.UNOWNED_INDEX_NAME, free_churn, free_churn, free_reads),
+        HotKey("STARTED", schema.STATE_INDEX_NAME, moves, moves, 0.0),
     ]
 
 
-def to_json(scale: Scale, designs: list[DesignFigures]) -> dict[str, object]:
-    base = designs[0].load.write_units_per_second
+def fits(scale: Scale, *, reads: bool = False, sizes: cm.Sizes | None = None) -> bool:
+    """Every partition key under half its write limit (and its read limit)."""
+    keys = hot_keys(scale, sizes)
+    if any(k.peak_writes >= WRITE_LIMIT for k in keys):
+        return False
+    return not reads or all(k.steady_reads < READ_LIMIT for k in keys)
+
+
+def connections_per_table(scale: Scale, *, reads: bool = False) -> int:
+    """The largest whole number of workers' worth of connections that :func:`fits`
+    (0 when not even one worker does)."""
+    sizes = cm.sizes_of(scale.per_worker, scale.timing, scale.capacity)
+
+    def ok(workers: int) -> bool:
+        return fits(
+            replace(scale, connections=workers * scale.per_worker), reads=reads, sizes=sizes
+        )
+
+    if not ok(1):
+        return 0
+    low, high = 1, MAX_SEARCH_CONNECTIONS // scale.per_worker
+    if ok(high):
+        return high * scale.per_worker
+    while high - low > 1:
+        middle = (low + high) // 2
+        if ok(middle):
+            low = middle
+        else:
+            high = middle
+    return low * scale.per_worker
+
+
+def takeover_write_units(scale: Scale) -> int:
+    """Write units of taking over one dead worker's connections: one conditional
+    write per connection moving ``owner_key`` (1 table + 2 ``by-owner`` units), the
+    reap of its session (1), then forgetting the session and deleting its page."""
+    sizes = cm.sizes_of(scale.per_worker, scale.timing, scale.capacity)
+    return (
+        cm.takeover_cost().total * scale.per_worker
+        + sizes.renew_units
+        + sizes.renew_units
+        + sizes.page_units
+    )
+
+
+def to_json(scale: Scale, prices: cm.Prices) -> dict[str, Any]:
+    fleet = scale.fleet()
+    model = cm.report(fleet, prices)
+    keys = hot_keys(scale)
     return {
         "connections": scale.connections,
         "workers": scale.workers,
+        "per_worker": scale.per_worker,
         "timing": asdict(scale.timing),
+        "dead_workers": scale.dead_workers,
+        "what_ifs": scale.what_ifs,
+        "takeover_seconds": scale.takeover_seconds,
+        "write_units_per_second": model["write_units_per_second"],
+        "read_units_per_second": model["read_units_per_second"],
+        "write_units_per_connection_hour": model["write_units_per_connection_hour"]["total"],
+        "read_units_per_connection_hour": model["read_units_per_connection_hour"]["total"],
+        "per_connection_month_usd_on_demand": model["per_connection_month_usd_on_demand"],
+        "monthly_usd": model["monthly_usd"],
         "takeover_write_units_per_dead_worker": takeover_write_units(scale),
-        "designs": [
+        "hot_keys": [
             {
-                "name": d.name,
-                "write_units_per_second": round(d.load.write_units_per_second, 1),
-                "index_writes_per_second": round(d.load.index_writes_per_second, 1),
-                "read_units_per_second": round(d.load.reads_per_second, 1),
-                "write_share_of_current": round(d.load.write_units_per_second / base, 4),
-                "monthly_usd_on_demand": round(d.cost.on_demand, 2),
-                "monthly_usd_provisioned": round(d.cost.provisioned, 2),
-                "hottest_index_partition_writes_per_second": round(
-                    d.hottest_index_partition_writes_per_second, 1
-                ),
-                "index_partition_limit": GSI_PARTITION_WRITES_PER_SECOND,
-                "crash_failover_bound_s": round(d.crash_failover_bound_s, 2),
-                "crash_duplicate_window_s": d.crash_duplicate_window_s,
-                "partition_duplicate_window_s": round(d.partition_duplicate_window_s, 2),
+                "key": k.name,
+                "in": k.where,
+                "steady_writes_per_second": round(k.steady_writes, 1),
+                "takeover_writes_per_second": round(k.takeover_writes, 1),
+                "steady_reads_per_second": round(k.steady_reads, 1),
             }
-            for d in designs
+            for k in keys
         ],
+        "write_limit_per_key": WRITE_LIMIT,
+        "read_limit_per_key": READ_LIMIT,
+        "fits_writes": fits(scale),
+        "fits_reads": fits(scale, reads=True),
+        "connections_per_table": connections_per_table(scale),
+        "connections_per_table_with_reads": connections_per_table(scale, reads=True),
+        "previous_design": model["previous_design"],
     }
 
 
@@ -181,50 +243,64 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--connections", type=int, default=100_000)
     parser.add_argument("--per-worker", type=int, default=500)
-    parser.add_argument("--lease-seconds", type=float, default=20.0)
-    parser.add_argument("--checkpoint-seconds", type=float, default=60.0)
+    parser.add_argument("--capacity", type=int, default=cm.DEFAULT_CAPACITY, help="MAX_CONNECTIONS")
+    parser.add_argument("--lease-seconds", type=float, default=None)
+    parser.add_argument("--checkpoint-seconds", type=float, default=None)
+    parser.add_argument("--dead-workers", type=int, default=1)
+    parser.add_argument("--churn-per-hour", type=float, default=0.0)
+    cm.add_what_ifs(parser)
     args = parser.parse_args(argv)
+    timing = LeaseTiming.from_lease(
+        *(() if args.lease_seconds is None else (args.lease_seconds,)),
+        checkpoint=args.checkpoint_seconds,
+    )
     scale = Scale(
         connections=args.connections,
         per_worker=args.per_worker,
-        timing=LeaseTiming.from_lease(args.lease_seconds),
-        rare_checkpoint_seconds=args.checkpoint_seconds,
+        timing=timing,
+        capacity=max(args.capacity, args.per_worker),
+        dead_workers=args.dead_workers,
+        churn_per_hour=args.churn_per_hour,
+        what_ifs=cm.what_ifs(args),
     )
-    designs = compare(scale, Prices())
-    result = to_json(scale, designs)
-    rows = [
-        [
-            d["name"],
-            d["write_units_per_second"],
-            f"{d['write_share_of_current']:.1%}",
-            d["read_units_per_second"],
-            f"${d['monthly_usd_on_demand']:,.0f}",
-            f"${d['monthly_usd_provisioned']:,.0f}",
-            d["hottest_index_partition_writes_per_second"],
-            d["crash_failover_bound_s"],
-            d["crash_duplicate_window_s"],
-        ]
-        for d in result["designs"]  # type: ignore[attr-defined]
-    ]
+    result = to_json(scale, cm.Prices())
     print(
-        f"{scale.connections:,} connections on {scale.workers} workers, lease "
-        f"{scale.timing.lease:g} s, heartbeat {scale.timing.heartbeat:g} s"
+        f"{scale.connections:,} connections on {scale.workers:,} workers of {scale.per_worker},"
+        f" lease {timing.lease:g} s, heartbeat {timing.heartbeat:g} s,"
+        f" checkpoint {timing.checkpoint:g} s; takeover of {scale.dead_workers} worker(s)"
+        f" in {scale.takeover_seconds:g} s"
     )
     print(
         table(
+            ["hottest key", "in", "steady W/s", "takeover W/s", "steady R/s"],
             [
-                "design",
-                "WCU/s",
-                "of current",
-                "RCU/s",
-                "on-demand/month",
-                "provisioned/month",
-                "hottest index partition writes/s",
-                "crash failover bound s",
-                "crash duplicate window s",
+                [
+                    k["key"],
+                    k["in"],
+                    k["steady_writes_per_second"],
+                    k["takeover_writes_per_second"],
+                    k["steady_reads_per_second"],
+                ]
+                for k in result["hot_keys"]
             ],
-            rows,
         )
+    )
+    previous = result["previous_design"]
+    print(
+        f"limits per key: {WRITE_LIMIT:g} W/s, {READ_LIMIT:g} R/s (half a partition);"
+        f" fits: writes {result['fits_writes']}, reads {result['fits_reads']}"
+    )
+    print(
+        f"connections per table: {result['connections_per_table']:,} (writes),"
+        f" {result['connections_per_table_with_reads']:,} (writes and reads);"
+        f" previous design {previous['connections_per_table']:,}"
+    )
+    print(
+        f"table: {result['write_units_per_second']:,} W/s, {result['read_units_per_second']:,} R/s;"
+        f" {result['write_units_per_connection_hour']} W and"
+        f" {result['read_units_per_connection_hour']} R per connection-hour;"
+        f" ${result['per_connection_month_usd_on_demand']:.4f} per connection-month on demand"
+        f" (${result['monthly_usd']['on_demand']:,.0f} a month)"
     )
     print(json.dumps(result, separators=(",", ":")))
     return 0

@@ -1,15 +1,18 @@
-"""Start latency: from the API call to the first handled message.
+"""Start latency: from the API call to the first handled message; stop latency: from
+the API call to the upstream socket closed.
 
 ``python -m benchmarks.start_latency [--starts 200] [--workers 2]``
 
 The router's Lambda handler is served over HTTP by the local adapter
 (``python -m local_stack.api_server``, its own process), exactly as ``run-local.sh``
 serves it, and called with :class:`fleetctl.client.FleetClient`. Workers run with the
-project's defaults (lease 20 s, SQS long poll 10 s). For each start, one after the
-other: ``POST /connections`` with a new id and a feed URL, then wait for the recording
-handler's first record of that connection. Reported: the API call's own round trip and
-the whole start latency (call sent -> handler entered), p50 and p99. The feed sends a
-connection's first message as soon as it is opened.
+project's shipped defaults (session lease 2.5 s, heartbeat 0.6 s, SQS long poll 10 s).
+For each start, one after the other: ``POST /connections`` with a new id and a feed
+URL, then wait for the recording handler's first record of that connection. Then each
+connection is stopped (``DELETE``) and the feed's log tells when its socket closed.
+Reported: the API call's own round trip, the whole start latency (call sent -> handler
+entered) and the stop latency (``DELETE`` sent -> the feed saw the socket close), p50,
+p99 and max. The feed sends a connection's first message as soon as it is opened.
 """
 
 from __future__ import annotations
@@ -24,13 +27,16 @@ from typing import Any
 from benchmarks.profiles import ours
 from benchmarks.report import emit, machine, summary, table
 from local_stack.clock import wait_until
+from local_stack.feed_events import stream_events
 from local_stack.recording import DeliveryTracker
 from local_stack.server_group import LocalServers
 from local_stack.stop_requests import sigterm_as_interrupt
 from worker import config as worker_settings
+from wsfleet.timing import LeaseTiming
 
 FIRST_DELIVERY_TIMEOUT_S = 30.0
-LEASE_SECONDS = 20.0
+CLOSE_TIMEOUT_S = 30.0
+TIMING = LeaseTiming.from_lease()
 
 
 def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
@@ -38,11 +44,13 @@ def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
         deployment = stack.deployment("latency")
         deployment.start_workers(
             [f"w{i}" for i in range(1, args.workers + 1)],
-            {**ours(LEASE_SECONDS).env, worker_settings.SQS_WAIT_SECONDS: "10"},
+            {**ours(None).env, worker_settings.SQS_WAIT_SECONDS: "10"},
         )
         tracker = DeliveryTracker(deployment.record_dir)
         api: list[float] = []
         total: list[float] = []
+        stops: list[float] = []
+        started: list[str] = []
         # One unmeasured start warms the router (imports, clients) and the workers.
         for i in range(-1, args.starts):
             cid = f"start-{i + 1}" if i >= 0 else "warm-up"
@@ -60,13 +68,26 @@ def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
             if i >= 0:
                 api.append(answered - sent)
                 total.append(handled - sent)
+                started.append(cid)
+        feed_log = stack.feed_processes[0].log_path
+        for cid in started:
+            sent = time.time()
+            deployment.stop_connection(cid)
+
+            def closed(cid: str = cid, sent: float = sent) -> float | None:
+                done = [t for t in stream_events(feed_log, cid, "done") if t >= sent - 0.01]
+                return done[0] if done else None
+
+            stops.append(wait_until(closed, CLOSE_TIMEOUT_S, f"{cid} closed", 0.01) - sent)
     return {
         "benchmark": "start_latency",
         "starts": args.starts,
         "workers": args.workers,
-        "lease_s": LEASE_SECONDS,
+        "lease_s": TIMING.lease,
+        "heartbeat_s": TIMING.heartbeat,
         "api_call_s": summary(api, 4),
         "start_to_first_message_s": summary(total, 4),
+        "stop_to_socket_closed_s": summary(stops, 4),
         "machine": machine(),
     }
 
@@ -76,6 +97,7 @@ def render(result: dict[str, Any]) -> str:
     for label, key in (
         ("API call (POST /connections round trip)", "api_call_s"),
         ("API call -> first handled message", "start_to_first_message_s"),
+        ("DELETE sent -> upstream socket closed", "stop_to_socket_closed_s"),
     ):
         s = result[key]
         rows.append([label, s["n"], s["p50"], s["p99"], s["max"]])
@@ -96,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted; every child process has been stopped", file=sys.stderr)
         return 130
     emit(
-        f"start latency, {args.starts} starts, {args.workers} workers (defaults: lease 20 s)",
+        f"start and stop latency, {args.starts} connections, {args.workers} workers"
+        " (shipped defaults: lease 2.5 s, heartbeat 0.6 s)",
         render(result),
         result,
     )

@@ -8,8 +8,8 @@ Each round runs, one after the other, the same measurement twice on fresh connec
 
 - the bare client (:mod:`benchmarks.bare_client`, its own process) reads ``K``
   connections; it counts messages over the window;
-- one worker (``HANDLER=benchmarks.handlers:noop_factory``, project defaults: lease
-  20 s) owns ``K`` connections; its own ``messages_processed`` counts, logged every
+- one worker (``HANDLER=benchmarks.handlers:noop_factory``, the shipped default
+  timings) owns ``K`` connections; its own ``messages_processed`` counts, logged every
   second with "worker stats", are summed over the window.
 
 CPU of the reader and of the feed is read from ``/proc`` over the same window: a
@@ -40,7 +40,6 @@ from local_stack.stop_requests import sigterm_as_interrupt
 from local_stack.workers import WorkerProcess, parse_log_time
 from worker import config as worker_settings
 
-LEASE_SECONDS = 20.0
 STATS_INTERVAL_S = 1
 
 
@@ -129,7 +128,7 @@ def worker_round(
     [worker] = deployment.start_workers(
         [f"tp{round_no}"],
         {
-            **ours(LEASE_SECONDS).env,
+            **ours(None).env,
             worker_settings.HANDLER: "benchmarks.handlers:noop_factory",
             worker_settings.METRICS_INTERVAL_SECONDS: str(STATS_INTERVAL_S),
         },

@@ -1,32 +1,35 @@
 """The one messages/s rule of the fleet views (``fleetctl watch`` and the local live view).
 
 A connection's rate is how far its checkpoint (``last_seq``) advanced between two
-checkpoints, over the time between the writes that stored them::
+checkpoint pages of its owner, over the time between the writes of those pages::
 
     rate = (seq_now - seq_before) / (checkpoint_time_now - checkpoint_time_before)
 
-Both times are read from the connection itself (:func:`checkpoint_time_ms`), never from
-when a viewer happened to poll: checkpoints move in steps (today one per lease renew),
-so a delta over poll intervals alternates between 0 and a burst, and two viewers
-polling at different moments would disagree. With the checkpoint's own times every
-viewer computes the same number, however often or irregularly it polls, and the rule
-holds unchanged when checkpoints are written on a schedule of their own.
+Both times are read from the connection's view itself (:func:`checkpoint_time_ms`: the
+owner page's ``checkpoint_at``), never from when a viewer happened to poll: the owner
+writes its page every ``CHECKPOINT_SECONDS``, so checkpoints move in steps, a delta
+over poll intervals would alternate between 0 and a burst, and two viewers polling at
+different moments would disagree. With the pages' own times every viewer computes the
+same number, however often or irregularly it polls.
 
 Per connection, from one poll to the next (:func:`advance`):
 
 - first sight: no rate yet, one checkpoint is a point, not a slope;
 - the checkpoint time moved forward: the rate of that interval;
 - the checkpoint time did not move: the previous rate stays. The latest interval is
-  still the latest, and a viewer polling faster than checkpoints are written shows a
-  steady number instead of a rate that blinks on every new checkpoint;
+  still the latest, and a viewer polling faster than pages are written shows a steady
+  number instead of a rate that blinks on every new page;
 - another run began (a new owner: another lease ``epoch``; a restart: another
   ``start_gen``; or ``last_seq`` or the time went back): no rate until the run's
   second checkpoint. Progress across two owners or two streams would mix a takeover
   gap or a reset into the number.
 
-A rate is shown only while someone holds a live lease (:func:`shown_rate`): without
-one nothing advances the checkpoint, and the rate kept from its last interval would
-be stale. ``-`` stands for "no rate" in every view.
+A rate is shown only while the owner's session is alive with time left
+(:func:`owner_live`): without a live owner nothing advances the checkpoint, and the
+rate kept from its last interval would be stale. An owner writes its page only when
+something in it changed, so a page not rewritten for more than twice the interval the
+rate was measured over means nothing moved since: the rate shown is then 0
+(:func:`shown_rate`). ``-`` stands for "no rate" in every view.
 
 Pure: no I/O, no clock. The views are the router API's connection views (see
 ``lambdas/router/views.py``).
@@ -40,10 +43,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 RATE_LEGEND: Final = (
-    "msg/s = last_seq advance over the write times of the owner's latest two checkpoints; "
-    "'-' until there are two, or without a live lease"
+    "msg/s = last_seq advance over the write times of the owner's latest two checkpoint "
+    "pages, 0 once they stop changing; '-' until there are two, or while the owner's "
+    "session is not live"
 )
 """One line that says what the MSG/S column means, for the views and their help."""
+
+STALE_AFTER_INTERVALS: Final = 2
+"""A page older than this many of the rate's own intervals was not rewritten because
+nothing changed: the connection is idle and its rate is shown as 0."""
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MS: Final = timedelta(milliseconds=1)
@@ -75,6 +83,8 @@ class Progress:
     rate: float | None = None
     """Messages per second over the interval that ended at ``checkpoint``; None until
     two checkpoints of the current run were seen."""
+    interval_ms: int | None = None
+    """The length of that interval (None with ``rate``)."""
 
 
 def parse_time_ms(text: Any) -> int | None:
@@ -92,16 +102,18 @@ def parse_time_ms(text: Any) -> int | None:
 
 
 def checkpoint_time_ms(view: Mapping[str, Any]) -> int | None:
-    """When the checkpoint in ``view`` was written, in epoch milliseconds.
+    """When the checkpoint in ``view`` was written, in epoch milliseconds: the write
+    time of the owner's checkpoint page (``checkpoint_at``); None when ``last_seq`` is
+    the item's own (no live page entry: no owner, or a new owner that has not
+    written one yet).
 
-    Today workers write ``last_seq`` only with a lease renew (or the final release),
-    and that same write stamps ``updated_at``, so the item's update time is the
-    checkpoint's time. Other writes move it too (the router's start and stop, a lease
-    acquire); they leave ``last_seq`` as it was, so at worst they show one interval of
-    slower progress. When checkpoints get a timestamp of their own, read it here: this
-    is the only place that decides which time is the checkpoint's.
+    Not the entry's ``last_advanced_at``: that stops moving while a connection is
+    idle, whereas the page time moves on whenever the owner writes its page, so an
+    idle connection among busy ones shows 0. Not ``updated_at``: workers write the
+    item only when ownership changes. This is the only place that decides which time
+    is the checkpoint's.
     """
-    return parse_time_ms(view.get("updated_at"))
+    return parse_time_ms(view.get("checkpoint_at"))
 
 
 def _int(value: Any) -> int:
@@ -132,7 +144,8 @@ def advance(before: Progress | None, now: Checkpoint) -> Progress:
         return before
     if not now.same_run(then) or now.at_ms < then.at_ms or now.seq < then.seq:
         return Progress(now)
-    return Progress(now, (now.seq - then.seq) * 1000 / (now.at_ms - then.at_ms))
+    interval_ms = now.at_ms - then.at_ms
+    return Progress(now, (now.seq - then.seq) * 1000 / interval_ms, interval_ms)
 
 
 def track(
@@ -149,17 +162,32 @@ def track(
     return tracked
 
 
-def lease_held(view: Mapping[str, Any]) -> bool:
-    """Someone holds the lease and it has time left (not free, not lapsed)."""
-    left = view.get("lease_seconds_left")
-    return bool(view.get("owner")) and isinstance(left, int | float) and left > 0
+def owner_live(view: Mapping[str, Any]) -> bool:
+    """An owner's session is ALIVE and has time left (not free, lapsed, DEAD or gone)."""
+    left = view.get("session_seconds_left")
+    return (
+        bool(view.get("owner"))
+        and view.get("owner_session_state") == "ALIVE"
+        and isinstance(left, int | float)
+        and left > 0
+    )
+
+
+def idle(view: Mapping[str, Any], progress: Progress) -> bool:
+    """The owner's page has not been rewritten for :data:`STALE_AFTER_INTERVALS` of
+    the interval the rate was measured over: nothing of the connection moved since."""
+    age = view.get("checkpoint_age_seconds")
+    if progress.interval_ms is None or not isinstance(age, int | float):
+        return False
+    return age * 1000 > STALE_AFTER_INTERVALS * progress.interval_ms
 
 
 def shown_rate(view: Mapping[str, Any], progress: Progress | None) -> float | None:
-    """The rate a view shows for ``view``: the remembered one while the lease is held."""
-    if progress is None or not lease_held(view):
+    """The rate a view shows for ``view``: the remembered one while the owner's
+    session is live, 0 once its page has gone unchanged for a while."""
+    if progress is None or progress.rate is None or not owner_live(view):
         return None
-    return progress.rate
+    return 0.0 if idle(view, progress) else progress.rate
 
 
 def shown_rates(

@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fleetctl.rates import owner_live
+
 NONE = "-"
-LIST_COLUMNS = ("CONNECTION", "STATE", "OWNER", "LEASE LEFT", "EPOCH", "LAST_SEQ", "WS_URL")
-FLEET_COLUMNS = ("CONNECTION", "STATE", "OWNER", "LEASE LEFT", "EPOCH", "LAST_SEQ", "MSG/S")
+_COMMON_COLUMNS = ("CONNECTION", "STATE", "OWNER", "SESSION LEFT", "EPOCH", "LAST_SEQ", "CKPT AGE")
+LIST_COLUMNS = (*_COMMON_COLUMNS, "WS_URL")
+FLEET_COLUMNS = (*_COMMON_COLUMNS, "MSG/S")
 """The fleet table of ``fleetctl watch`` and of the local live view."""
 SUMMARY_MAX_CONNECTIONS = 12
 """At most this many connections are named in one summary line; the rest are counted."""
 # Columns holding numbers are right-aligned so digits line up.
-_RIGHT = frozenset({"LEASE LEFT", "EPOCH", "LAST_SEQ", "MSG/S"})
+_RIGHT = frozenset({"SESSION LEFT", "EPOCH", "LAST_SEQ", "CKPT AGE", "MSG/S"})
 _DIGITS = re.compile(r"(\d+)")
 
 
@@ -36,13 +39,27 @@ def cell(value: Any) -> str:
     return str(value)
 
 
-def format_lease(seconds: float | None) -> str:
-    """Seconds of lease left: ``-`` when nobody holds it, ``lapsed`` at zero."""
-    if seconds is None:
+def format_seconds(seconds: Any) -> str:
+    """``2.5s``; ``-`` when there is no number."""
+    if not isinstance(seconds, int | float) or isinstance(seconds, bool):
         return NONE
-    if seconds <= 0:
-        return "lapsed"
     return f"{seconds:.1f}s"
+
+
+def format_session(view: Mapping[str, Any]) -> str:
+    """The owner session's time left: ``-`` when free, ``gone`` when its session item
+    is, ``dead`` once reaped or ended, ``lapsed`` when ALIVE with no time left."""
+    if not view.get("owner"):
+        return NONE
+    state = view.get("owner_session_state")
+    if state is None:
+        return "gone"
+    if state != "ALIVE":
+        return str(state).lower()
+    left = view.get("session_seconds_left")
+    if not isinstance(left, int | float) or left <= 0:
+        return "lapsed"
+    return format_seconds(left)
 
 
 def format_rate(rate: float | None) -> str:
@@ -85,9 +102,10 @@ def connection_row(view: Mapping[str, Any]) -> list[str]:
         cell(view.get("connection_id")),
         cell(view.get("state")),
         cell(view.get("owner")),
-        format_lease(view.get("lease_seconds_left")),
+        format_session(view),
         cell(view.get("epoch")),
         cell(view.get("last_seq")),
+        format_seconds(view.get("checkpoint_age_seconds")),
         cell(view.get("ws_url")),
     ]
 
@@ -99,20 +117,47 @@ def connection_table(views: Sequence[Mapping[str, Any]]) -> list[str]:
     return table(LIST_COLUMNS, [connection_row(v) for v in by_id(views)])
 
 
-_DETAILS = (
+def _session_detail(view: Mapping[str, Any]) -> str:
+    """``#3 ALIVE, 1.8s left``; ``#3 gone`` once its item is; ``-`` when free."""
+    if not view.get("owner"):
+        return NONE
+    gen = f"#{cell(view.get('owner_session_gen'))}"
+    state = view.get("owner_session_state")
+    if state is None:
+        return f"{gen} gone"
+    if state != "ALIVE":
+        return f"{gen} {state}"
+    shown = format_session(view)
+    return f"{gen} ALIVE, {shown} left" if shown != "lapsed" else f"{gen} ALIVE, lapsed"
+
+
+def _checkpoint_detail(view: Mapping[str, Any]) -> str:
+    """Where ``last_seq`` comes from: the owner's page (when written, how long ago)
+    or the item (written at the last change of owner)."""
+    written = view.get("checkpoint_at")
+    if not written:
+        return "from the item"
+    return f"owner's page of {written} ({format_seconds(view.get('checkpoint_age_seconds'))} ago)"
+
+
+_Source = str | Callable[[Mapping[str, Any]], str]
+_DETAILS: tuple[tuple[str, _Source], ...] = (
     ("connection", "connection_id"),
     ("state", "state"),
     ("ws_url", "ws_url"),
     ("owner", "owner"),
-    ("lease left", "lease_seconds_left"),
+    ("session", _session_detail),
     ("epoch", "epoch"),
     ("last_seq", "last_seq"),
+    ("checkpoint", _checkpoint_detail),
+    ("last advanced", "last_advanced_at"),
     ("start_gen", "start_gen"),
     ("created", "created_at"),
     ("updated", "updated_at"),
     ("expires", "expires_at"),
     ("metadata", "metadata"),
 )
+"""Label, then the view's key or a function of the whole view."""
 _PARKING = (
     ("parked", "parked_reason"),
     ("parked at", "parked_at"),
@@ -123,12 +168,14 @@ _PARKING = (
 
 def connection_details(view: Mapping[str, Any]) -> list[str]:
     """One ``label  value`` line per field of the connection view."""
-    shown_fields = [*_DETAILS, *((label, key) for label, key in _PARKING if view.get(key))]
+    shown_fields: list[tuple[str, _Source]] = [
+        *_DETAILS,
+        *((label, key) for label, key in _PARKING if view.get(key)),
+    ]
     width = max(len(label) for label, _ in shown_fields)
     lines = []
-    for label, key in shown_fields:
-        value = view.get(key)
-        shown = format_lease(value) if key == "lease_seconds_left" else cell(value)
+    for label, source in shown_fields:
+        shown = cell(view.get(source)) if isinstance(source, str) else source(view)
         lines.append(f"{label.ljust(width)}  {shown}")
     return lines
 
@@ -156,10 +203,9 @@ def stop_summary(view: Mapping[str, Any]) -> str:
 
 
 def lapsed(view: Mapping[str, Any]) -> bool:
-    """The view names an owner whose lease has run out (it died or is cut off; any
-    worker may take the connection over)."""
-    left = view.get("lease_seconds_left")
-    return bool(view.get("owner")) and isinstance(left, int | float) and left <= 0
+    """The view names an owner whose session is not live (lapsed, DEAD or gone: the
+    worker died or is cut off, and another worker takes the connection over)."""
+    return bool(view.get("owner")) and not owner_live(view)
 
 
 def fleet_row(view: Mapping[str, Any], rate: float | None) -> list[str]:
@@ -187,10 +233,11 @@ def _plural(count: int, word: str) -> str:
 def fleet_totals(views: Sequence[Mapping[str, Any]], rates: Mapping[str, float | None]) -> str:
     """The fleet in numbers::
 
-        3 connections: 2 STARTED (2 owned, 1 lapsed), 1 STOPPED; leases held by 2 workers; ...
+        3 connections: 2 STARTED (2 owned, 1 lapsed), 1 STOPPED; owned by 2 workers; ...
 
-    ``owned``: STARTED with an owner named (``lapsed`` ones included); the workers are
-    the distinct owners named anywhere in the table."""
+    ``owned``: STARTED with an owner named (``lapsed`` ones included: their owner's
+    session is not live); the workers are the distinct owners named anywhere in the
+    table."""
     started = [v for v in views if v.get("state") == "STARTED"]
     owned = sum(1 for v in started if v.get("owner"))
     gone = sum(1 for v in started if lapsed(v))
@@ -198,7 +245,7 @@ def fleet_totals(views: Sequence[Mapping[str, Any]], rates: Mapping[str, float |
     return (
         f"{_plural(len(views), 'connection')}: {len(started)} STARTED ({owned} owned, "
         f"{gone} lapsed), {len(views) - len(started)} STOPPED; "
-        f"leases held by {_plural(len(owners), 'worker')}; {total_rate(rates):.1f} msg/s"
+        f"owned by {_plural(len(owners), 'worker')}; {total_rate(rates):.1f} msg/s"
     )
 
 

@@ -42,8 +42,11 @@ from local_stack.workers import (
     wait_ready,
 )
 from worker.config import timing_from_env
+from wsfleet import schema
 from wsfleet.item import ConnectionItem
 from wsfleet.item_io import get_connection
+from wsfleet.session_store import SessionStore
+from wsfleet.timing import LeaseTiming
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -62,10 +65,26 @@ CLIENT_CONFIG: Final = Config(
 )
 
 
-def scan_items(client: DynamoDBClient, table: str) -> list[ConnectionItem]:
-    """Every item of the table (a Scan: fine for a local fleet, never used in AWS)."""
-    items: list[ConnectionItem] = []
+def scan_raw(client: DynamoDBClient, table: str) -> list[dict[str, Any]]:
+    """Every item of the table, typed attributes as stored (a Scan: fine for a local
+    fleet, never used in AWS): connections, sessions and checkpoint pages."""
+    items: list[dict[str, Any]] = []
     for page in client.get_paginator("scan").paginate(TableName=table, ConsistentRead=True):
+        items.extend(page.get("Items", []))
+    return items
+
+
+def scan_items(client: DynamoDBClient, table: str) -> list[ConnectionItem]:
+    """Every connection item of the table (a Scan: fine for a local fleet, never used
+    in AWS); sessions and checkpoint pages are left out."""
+    items: list[ConnectionItem] = []
+    for page in client.get_paginator("scan").paginate(
+        TableName=table,
+        ConsistentRead=True,
+        FilterExpression="#sk = :conn",
+        ExpressionAttributeNames={"#sk": schema.SORT_KEY},
+        ExpressionAttributeValues={":conn": {"S": schema.CONNECTION_SORT_KEY}},
+    ):
         items.extend(ConnectionItem.from_dynamodb(raw) for raw in page.get("Items", []))
     return items
 
@@ -187,6 +206,19 @@ class Deployment:
 
     def items(self) -> list[ConnectionItem]:
         return scan_items(self.ddb, self._created().table)
+
+    def page_checkpoint(self, connection_id: str) -> int | None:
+        """The checkpoint of a connection on its owner's page, when the page has an
+        entry for the item's current hold; None otherwise."""
+        item = self.item(connection_id)
+        if item is None or item.lease_owner is None or item.owner_session_gen is None:
+            return None
+        store = SessionStore(self.ddb, self._created().table, LeaseTiming.from_lease())
+        page = store.read_page(item.lease_owner, item.owner_session_gen)
+        entry = None if page is None else page.entries.get(connection_id)
+        if entry is None or entry.epoch != item.lease_epoch:
+            return None
+        return entry.seq
 
     # -- workers
 

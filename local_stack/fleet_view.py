@@ -1,12 +1,14 @@
 """The live view of the local fleet: what the connection table says, as text.
 
-The runner reads the table directly (it has no router client here), so each item is
-first turned into the view the router's API returns for it
-(``lambdas/router/views.py``). From there on it is ``fleetctl watch``: the same
-table and summary (:mod:`fleetctl.render`) and the same msg/s rule
-(:mod:`fleetctl.rates`: checkpoint advance over the checkpoints' own write times,
-never over refresh times). What is local is only what the runner alone knows: the
-worker processes it started, alive or dead, and how many leases each holds.
+The runner reads the table directly (it has no router client here): one Scan brings
+the connection items together with the workers' session items and checkpoint pages,
+and each connection is turned into the view the router's API returns for it, with its
+owner's session and page (``lambdas/router/views.py``, :func:`views_of_table`). From
+there on it is ``fleetctl watch``: the same table and summary (:mod:`fleetctl.render`)
+and the same msg/s rule (:mod:`fleetctl.rates`: checkpoint advance over the owner
+pages' own write times, never over refresh times). What is local is only what the
+runner alone knows: the worker processes it started, alive or dead, and how many
+connections each owns.
 
 Everything here is pure formatting: the runner does the I/O (Scan, process polling,
 terminal output) and passes the results in, with the clock as ``now_ms``.
@@ -15,13 +17,19 @@ terminal output) and passes the results in, with the clock as ``now_ms``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl import render
 from fleetctl.rates import RATE_LEGEND
-from lambdas.router.views import connection_view
+from lambdas.router.views import NO_RECORDS, OwnerRecords, connection_view, owning_session
+from wsfleet import schema
+from wsfleet.checkpoint_page import CheckpointPage, page_from_dynamodb
 from wsfleet.item import ConnectionItem
+from wsfleet.session_rules import SessionItem
+
+SessionKey = tuple[str, int]
+"""``(worker_id, session_gen)``: one worker session."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,14 +54,72 @@ class WorkerStatus:
         return f"dead (exit {self.exit_code})"
 
 
-def views_of(items: Iterable[ConnectionItem], now_ms: int) -> list[dict[str, Any]]:
-    """The items of a Scan as the API would show them at ``now_ms`` (epoch ms)."""
-    return [connection_view(item, now_ms) for item in items]
+@dataclass(frozen=True, slots=True)
+class TableContents:
+    """The items of a table scan, by kind."""
+
+    connections: list[ConnectionItem] = field(default_factory=list)
+    owners: dict[SessionKey, OwnerRecords] = field(default_factory=dict)
+    """Each session's records (its session item and its checkpoint page)."""
+
+
+def _page_session(partition_key: str) -> SessionKey | None:
+    """``PAGE#<worker_id>#<session_gen>`` -> ``(worker_id, session_gen)``."""
+    worker_id, _, gen = partition_key[len(schema.PAGE_KEY_PREFIX) :].rpartition("#")
+    return (worker_id, int(gen)) if worker_id and gen.isdigit() else None
+
+
+def sort_table(raw_items: Iterable[Mapping[str, Any]]) -> TableContents:
+    """Connection items, session items and checkpoint pages from one Scan of the
+    table (DynamoDB's typed attributes); anything else is left out."""
+    connections: list[ConnectionItem] = []
+    sessions: dict[SessionKey, SessionItem] = {}
+    pages: dict[SessionKey, CheckpointPage] = {}
+    for raw in raw_items:
+        pk = str(raw.get(schema.PARTITION_KEY, {}).get("S", ""))
+        if pk.startswith(schema.KEY_PREFIX):
+            connections.append(ConnectionItem.from_dynamodb(raw))
+        elif pk.startswith(schema.SESSION_KEY_PREFIX):
+            session = SessionItem.from_dynamodb(raw)
+            sessions[session.key] = session
+        elif pk.startswith(schema.PAGE_KEY_PREFIX):
+            key = _page_session(pk)
+            if key is not None:
+                pages[key] = page_from_dynamodb(raw)
+    owners = {
+        key: OwnerRecords(session=sessions.get(key), page=pages.get(key))
+        # A page without its session is shown as the router shows it: not at all.
+        for key in sessions
+    }
+    return TableContents(connections, owners)
+
+
+def views_of(
+    items: Iterable[ConnectionItem],
+    now_ms: int,
+    owners: Mapping[SessionKey, OwnerRecords] | None = None,
+) -> list[dict[str, Any]]:
+    """The items as the API would show them at ``now_ms`` (epoch ms), each with its
+    owner's records from ``owners`` (none given: no session or page is known)."""
+    known = owners or {}
+
+    def records(item: ConnectionItem) -> OwnerRecords:
+        key = owning_session(item)
+        return NO_RECORDS if key is None else known.get(key, NO_RECORDS)
+
+    return [connection_view(item, now_ms, records(item)) for item in items]
+
+
+def views_of_table(raw_items: Iterable[Mapping[str, Any]], now_ms: int) -> list[dict[str, Any]]:
+    """The connections of one Scan of the table (every item, typed attributes) as the
+    API would show them at ``now_ms``, with their owners' sessions and pages."""
+    contents = sort_table(raw_items)
+    return views_of(contents.connections, now_ms, contents.owners)
 
 
 def held_by(views: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """How many leases each owner holds according to the table (lapsed ones included:
-    they stay in the owner's name until another worker takes them)."""
+    """How many connections each owner holds according to the table (lapsed ones
+    included: they stay in the owner's name until another worker takes them)."""
     counts: dict[str, int] = {}
     for view in views:
         owner = view.get("owner")
@@ -92,7 +158,7 @@ def render_lines(
     workers: Sequence[WorkerStatus] = (),
 ) -> list[str]:
     """The body of a live view frame: what msg/s means, the fleet table, the fleet's
-    totals, then one line per worker (alive or dead, leases held in the table).
+    totals, then one line per worker (alive or dead, connections held in the table).
     ``rates`` are the ones to show (:func:`fleetctl.rates.shown_rates`)."""
     return [
         RATE_LEGEND,

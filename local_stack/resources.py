@@ -25,7 +25,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from local_stack.clock import wait_until
 from local_stack.options import whole_number
 from local_stack.services import LOCAL_CREDENTIALS, LOCAL_REGION
-from wsfleet import schema
+from wsfleet import table_layout
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -68,44 +68,43 @@ class Resources:
         return json.dumps(asdict(self))
 
 
-def _state_index() -> dict[str, Any]:
-    return {
-        "IndexName": schema.STATE_INDEX_NAME,
-        "KeySchema": [
-            {"AttributeName": schema.STATE_INDEX_PARTITION_KEY, "KeyType": "HASH"},
-            {"AttributeName": schema.STATE_INDEX_SORT_KEY, "KeyType": "RANGE"},
-        ],
-        "Projection": {"ProjectionType": "KEYS_ONLY"},
-    }
+def table_indexes() -> list[dict[str, Any]]:
+    """The three global secondary indexes of docs/DESIGN.md §2, from
+    ``wsfleet.table_layout`` (the CDK stack builds the same ones from it)."""
+    return [index.create_table_entry() for index in table_layout.INDEXES]
 
 
 def create_connection_table(client: DynamoDBClient, table_name: str) -> None:
-    """The table of docs/DESIGN.md §2: key ``Pk`` and the keys-only GSI
-    ``by-desired-state`` (``desired_state``, ``lease_expires_at_ms``). A table of that
-    name that already exists is used as it is if it has the index; returns once the
-    table is ACTIVE."""
+    """The table of docs/DESIGN.md §2: key ``Pk`` + ``Sk`` and the indexes
+    ``by-desired-state``, ``by-owner`` and ``unowned``. A table of that name that
+    already exists is used as it is if it has them; returns once it is ACTIVE."""
+    indexes = table_indexes()
+    partition, sort = table_layout.TABLE_KEY
     try:
         client.create_table(
             TableName=table_name,
             BillingMode="PAY_PER_REQUEST",
             AttributeDefinitions=[
-                {"AttributeName": schema.PARTITION_KEY, "AttributeType": "S"},
-                {"AttributeName": schema.STATE_INDEX_PARTITION_KEY, "AttributeType": "S"},
-                {"AttributeName": schema.STATE_INDEX_SORT_KEY, "AttributeType": "N"},
+                {"AttributeName": name, "AttributeType": table_layout.KEY_ATTRIBUTE_TYPE}
+                for name in table_layout.key_attributes()
             ],
-            KeySchema=[{"AttributeName": schema.PARTITION_KEY, "KeyType": "HASH"}],
-            GlobalSecondaryIndexes=[_state_index()],  # type: ignore[list-item]
+            KeySchema=[
+                {"AttributeName": partition, "KeyType": "HASH"},
+                {"AttributeName": sort, "KeyType": "RANGE"},
+            ],
+            GlobalSecondaryIndexes=indexes,  # type: ignore[arg-type]
         )
     except ClientError as error:
         if error.response.get("Error", {}).get("Code") != "ResourceInUseException":
             raise
-        indexes = client.describe_table(TableName=table_name)["Table"].get(
-            "GlobalSecondaryIndexes", []
-        )
-        if schema.STATE_INDEX_NAME not in {index.get("IndexName") for index in indexes}:
+        table = client.describe_table(TableName=table_name)["Table"]
+        present = {index.get("IndexName") for index in table.get("GlobalSecondaryIndexes", [])}
+        missing = sorted({str(index["IndexName"]) for index in indexes} - present)
+        keys = [key["AttributeName"] for key in table.get("KeySchema", [])]
+        if missing or keys != [partition, sort]:
             raise ResourceError(
-                f"table {table_name} exists without the index {schema.STATE_INDEX_NAME}; "
-                "delete it or choose another name"
+                f"table {table_name} exists with another key or without the indexes"
+                f" {', '.join(missing) or '(none missing)'}; delete it or choose another name"
             ) from None
     wait_until(
         lambda: client.describe_table(TableName=table_name)["Table"]["TableStatus"] == "ACTIVE",

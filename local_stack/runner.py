@@ -33,7 +33,7 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
@@ -42,7 +42,7 @@ from fleetctl import client as fleet_api
 from fleetctl import rates, render
 from local_stack import fleet_view, services
 from local_stack.clock import now_ms
-from local_stack.fleet import Deployment, scan_items
+from local_stack.fleet import Deployment, scan_raw
 from local_stack.options import (
     Options,
     Ports,
@@ -62,7 +62,6 @@ from local_stack.stop_requests import Phase, StopRequests
 from local_stack.workers import WORKER_READY_TIMEOUT_S, WorkerProcess, WorkerStartError, wait_ready
 from worker import config as worker_settings
 from worker.config import timing_from_env
-from wsfleet.item import ConnectionItem
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -319,13 +318,16 @@ class LocalStack:
                     self._say(note)
         return notes
 
-    def _scan(self) -> tuple[list[ConnectionItem] | None, str]:
+    def _scan(self) -> tuple[list[dict[str, Any]] | None, str]:
+        """Every item of the table (connections, sessions, checkpoint pages) as views
+        of the connections, the way the API shows them."""
         if self._ddb is None or not self._table_ready:
             return None, "the table was never created"
         try:
-            return scan_items(self._ddb, TABLE_NAME), ""
+            raw = scan_raw(self._ddb, TABLE_NAME)
         except (BotoCoreError, ClientError) as error:
             return None, f"reading the table failed: {error}"
+        return fleet_view.views_of_table(raw, now_ms()), ""
 
     def _watch(self) -> None:
         live = self.options.view and sys.stdout.isatty()
@@ -347,8 +349,7 @@ class LocalStack:
                 reason = f"--duration {format_number(self.options.duration or 0.0)} s elapsed"
                 break
             notes = self._deaths(live)
-            items, error = self._scan()
-            views = None if items is None else fleet_view.views_of(items, now_ms())
+            views, error = self._scan()
             if views is not None:
                 progress = rates.track(progress, views)
             shown = {} if views is None else rates.shown_rates(views, progress)
@@ -431,15 +432,14 @@ class LocalStack:
         return result.clean
 
     def _report_leases(self) -> bool:
-        items, error = self._scan()
-        if items is None:
+        views, error = self._scan()
+        if views is None:
             self._say(f"leases still held: unknown ({error})")
             return False
         statuses = self._worker_statuses()
-        views = fleet_view.views_of(items, now_ms())
         self._say(f"after shutdown: {fleet_view.summary(views, {}, statuses)}")
-        held = [item for item in items if item.lease_owner is not None]
-        detail = ", ".join(f"{item.connection_id} by {item.lease_owner}" for item in held)
+        held = [view for view in views if view.get("owner")]
+        detail = ", ".join(f"{view['connection_id']} by {view['owner']}" for view in held)
         self._say(f"leases still held: {len(held)}" + (f" ({detail})" if detail else ""))
         return not held
 

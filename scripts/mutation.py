@@ -36,6 +36,8 @@ PROGRESS = re.compile(rb"[^\r\n]* \d+/\d+ [^\r\n]*")
 #: The modules scored and the share of non-equivalent mutants each must kill.
 TARGETS = {
     "wsfleet/lease_rules.py": 1.0,
+    "wsfleet/session_rules.py": 1.0,
+    "wsfleet/checkpoint_page.py": 1.0,
     "worker/connection_state.py": 1.0,
     "wsfleet/lease_store.py": 0.9,
     "wsfleet/timing.py": 0.9,

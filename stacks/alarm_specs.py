@@ -17,17 +17,25 @@ FIVE_MINUTES: Final = Duration.minutes(5)
 GE: Final = cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
 
 LEASE_LOSSES_PER_5_MIN: Final = 5
-"""A lost lease means a holder was paused or partitioned past its lease; a handful in
-five minutes is a pattern (GC pauses, CPU starvation, a DynamoDB brown-out)."""
+"""A lost lease means the owner's session was reaped while the worker still ran the
+connection (it stalled or was cut off for longer than the session lease), or a runner
+broke. A reaped session loses every connection it ran at once, so this fires on one
+stalled worker with five connections or more: a pattern to look at (CPU starvation,
+long pauses, network trouble), not noise."""
 ORPHAN_MINUTES: Final = 5
-"""Orphans are normally taken within about 30 s (lease + reconcile); seen in every
-minute for five minutes they are not being taken (fleet full, or acquires failing)."""
+"""A connection in the sparse ``unowned`` index (STARTED, no owner, not parked) is
+normally taken at once through its start hint, or by the next reconcile passes of a
+worker with room (each pass reads two of the eight shards, so all of them within four
+passes, 2.4 s at the defaults). Found in every minute for five minutes, they are not
+being taken: acquires failing, or too little free capacity to take them all."""
 RENEW_FAILURE_MINUTES: Final = (3, 5)
-"""Renew failures in 3 of 5 one-minute periods. A failed renew is retried at the next
-heartbeat (lease/4) and the holder keeps its lease until its fence deadline, so an
-isolated failure, or one bad minute, costs nothing. Failures in most minutes mean a
-cause that persists (index throttling, network trouble, a starved event loop) and
-holders fencing and losing leases next."""
+"""Session renew failures in 3 of 5 one-minute periods. ``RenewFailures`` counts
+failed renews of a worker's session, one item per process renewed every heartbeat
+(0.6 s at the defaults). The fence window (lease - skew - margin) holds three renew
+attempts, so an isolated failure, or one bad minute, costs nothing. Failures in most
+minutes mean a cause that persists (table throttling, network trouble, a starved event
+loop): a worker's whole session, every connection it runs, is at risk of pausing at
+its fence and being reaped."""
 ROUTER_ERROR_PERIODS: Final = (2, 3)
 """Errors in 2 of 3 five-minute periods, for the router function and the API's 5xx.
 The router answers bad input with a 4xx, so an error is a bug or a failing dependency
@@ -95,7 +103,8 @@ def _worker_alarms(f: MonitoredFleet) -> list[AlarmSpec]:
             "OrphansPersisting",
             f.worker(m.ORPHANS_FOUND),
             1,
-            "STARTED connections stay unowned: fleet at capacity or acquires failing",
+            "STARTED connections stay in the unowned index: acquires failing or too "
+            "little free capacity",
             periods=ORPHAN_MINUTES,
             datapoints=ORPHAN_MINUTES,
         ),
@@ -103,17 +112,19 @@ def _worker_alarms(f: MonitoredFleet) -> list[AlarmSpec]:
             "LeaseLossesSpiking",
             f.worker(m.LEASES_LOST, period=FIVE_MINUTES),
             LEASE_LOSSES_PER_5_MIN,
-            "workers lose leases they hold: paused or partitioned holders",
+            "workers lose connections they run: a session reaped while its worker "
+            "still ran (stalled or cut off past the session lease)",
         ),
         AlarmSpec(
             "RenewFailuresSustained",
             f.worker(m.RENEW_FAILURES),
             1,
-            "lease renews keep failing: holders are about to fence",
+            "session renews keep failing: workers are at risk of pausing every "
+            "connection at the fence and losing their sessions",
             periods=renew_periods,
             datapoints=renew_datapoints,
         ),
-        # ConnectionsFailed (connections parked, docs/DESIGN.md §3.3.1) is published
+        # ConnectionsFailed (connections parked, docs/DESIGN.md §3.7) is published
         # by the worker (wsfleet.metric_names.CONNECTIONS_FAILED); its alarm belongs
         # here, with its runbook row in README.md, as a change of its own.
         AlarmSpec(
@@ -134,24 +145,26 @@ def _worker_alarms(f: MonitoredFleet) -> list[AlarmSpec]:
 
 
 def _service_alarms(f: MonitoredFleet) -> list[AlarmSpec]:
-    throttles = cw.MathExpression(
-        expression="FILL(tw, 0) + FILL(tr, 0) + FILL(iw, 0) + FILL(ir, 0)",
-        using_metrics={
-            "tw": f.dynamodb("WriteThrottleEvents"),
-            "tr": f.dynamodb("ReadThrottleEvents"),
-            "iw": f.dynamodb("WriteThrottleEvents", index=True),
-            "ir": f.dynamodb("ReadThrottleEvents", index=True),
-        },
-        label="throttle events (table + index)",
+    indexes: list[str | None] = [None, *f.index_names]  # None: the table itself
+    throttles: dict[str, cw.IMetric] = {
+        f"{kind[0].lower()}{n}": f.dynamodb(f"{kind}ThrottleEvents", index=index)
+        for n, index in enumerate(indexes)
+        for kind in ("Write", "Read")
+    }
+    throttled = cw.MathExpression(
+        expression=" + ".join(f"FILL({name}, 0)" for name in throttles),
+        using_metrics=throttles,
+        label="throttle events (table + indexes)",
         period=ONE_MINUTE,
     )
     datapoints, periods = ROUTER_ERROR_PERIODS
     return [
         AlarmSpec(
             "DynamoDbThrottling",
-            throttles,
+            throttled,
             1,
-            "throttled renews fence connections; the state index throttles first",
+            "DynamoDB throttles the table or an index: session renews fail (sustained, "
+            "they pause connections), ownership changes, starts and stops are slowed",
             periods=5,
             datapoints=2,
         ),

@@ -1,4 +1,5 @@
-"""The connection table of docs/DESIGN.md §2, with its keys-only state index."""
+"""The connection table of docs/DESIGN.md §2: connection items, worker sessions and
+their checkpoint pages under one composite key, with three global secondary indexes."""
 
 from __future__ import annotations
 
@@ -8,16 +9,32 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from stacks.settings import ProvisionedCapacity
-from wsfleet import schema
+from wsfleet import schema, table_layout
+
+_KEY_TYPES = {
+    "S": dynamodb.AttributeType.STRING,
+    "N": dynamodb.AttributeType.NUMBER,
+    "B": dynamodb.AttributeType.BINARY,
+}
+_PROJECTIONS = {
+    "KEYS_ONLY": dynamodb.ProjectionType.KEYS_ONLY,
+    "INCLUDE": dynamodb.ProjectionType.INCLUDE,
+}
+
+
+def _attribute(name: str) -> dynamodb.Attribute:
+    return dynamodb.Attribute(name=name, type=_KEY_TYPES[table_layout.KEY_ATTRIBUTE_TYPE])
 
 
 class ConnectionTable(Construct):
-    """Key and index names come from ``wsfleet.schema``: the worker and the router
-    read the same constants, so the table and the code cannot drift apart.
+    """Key and indexes come from ``wsfleet.table_layout``, the module
+    ``local_stack.resources`` creates local tables from; names from ``wsfleet.schema``,
+    which the worker and the router read: the table and the code cannot drift apart.
 
-    Every renew moves the item's GSI sort key (``lease_expires_at_ms``), so provisioned
-    capacity is given to the index as to the table (each renew costs the index two
-    writes: delete the old entry, put the new one).
+    Session renews write the table only (one small item, no index attribute); the
+    indexes move only when ownership does (``by-owner``, ``unowned``) or the router
+    starts or stops a connection (``by-desired-state``). With provisioned billing each
+    index gets the table's capacity range.
     """
 
     def __init__(
@@ -33,12 +50,12 @@ class ConnectionTable(Construct):
         provisioned = billing == "PROVISIONED"
         read = capacity.min_read if provisioned else None
         write = capacity.min_write if provisioned else None
+        partition, sort = table_layout.TABLE_KEY
         self.table = dynamodb.Table(
             self,
             "Table",
-            partition_key=dynamodb.Attribute(
-                name=schema.PARTITION_KEY, type=dynamodb.AttributeType.STRING
-            ),
+            partition_key=_attribute(partition),
+            sort_key=_attribute(sort),
             billing_mode=(
                 dynamodb.BillingMode.PROVISIONED
                 if provisioned
@@ -54,56 +71,80 @@ class ConnectionTable(Construct):
             read_capacity=read,
             write_capacity=write,
         )
-        self.table.add_global_secondary_index(
-            index_name=schema.STATE_INDEX_NAME,
-            partition_key=dynamodb.Attribute(
-                name=schema.STATE_INDEX_PARTITION_KEY, type=dynamodb.AttributeType.STRING
-            ),
-            sort_key=dynamodb.Attribute(
-                name=schema.STATE_INDEX_SORT_KEY, type=dynamodb.AttributeType.NUMBER
-            ),
-            projection_type=dynamodb.ProjectionType.KEYS_ONLY,
-            read_capacity=read,
-            write_capacity=write,
-        )
+        self.index_names = tuple(index.name for index in table_layout.INDEXES)
+        self.index_arns = {
+            name: f"{self.table.table_arn}/index/{name}" for name in self.index_names
+        }
+        for index in table_layout.INDEXES:
+            self.table.add_global_secondary_index(
+                index_name=index.name,
+                partition_key=_attribute(index.partition_key),
+                sort_key=_attribute(index.sort_key),
+                projection_type=_PROJECTIONS[index.projection_type],
+                non_key_attributes=list(index.non_key_attributes) or None,
+                read_capacity=read,
+                write_capacity=write,
+            )
         if provisioned:
             self._auto_scale(capacity)
-        self.index_arn = f"{self.table.table_arn}/index/{schema.STATE_INDEX_NAME}"
 
     def _auto_scale(self, c: ProvisionedCapacity) -> None:
-        t, index = self.table, schema.STATE_INDEX_NAME
-        for scalable in (
+        t = self.table
+        scalables = [
             t.auto_scale_read_capacity(min_capacity=c.min_read, max_capacity=c.max_read),
             t.auto_scale_write_capacity(min_capacity=c.min_write, max_capacity=c.max_write),
-            t.auto_scale_global_secondary_index_read_capacity(
-                index, min_capacity=c.min_read, max_capacity=c.max_read
-            ),
-            t.auto_scale_global_secondary_index_write_capacity(
-                index, min_capacity=c.min_write, max_capacity=c.max_write
-            ),
-        ):
+        ]
+        for index in self.index_names:
+            scalables += [
+                t.auto_scale_global_secondary_index_read_capacity(
+                    index, min_capacity=c.min_read, max_capacity=c.max_read
+                ),
+                t.auto_scale_global_secondary_index_write_capacity(
+                    index, min_capacity=c.min_write, max_capacity=c.max_write
+                ),
+            ]
+        for scalable in scalables:
             scalable.scale_on_utilization(target_utilization_percent=c.target_utilization_percent)
 
-    def grant_lease_access(self, grantee: iam.IGrantable) -> None:
-        """The worker: read and conditionally update items, query the state index."""
-        iam.Grant.add_to_principal(
-            grantee=grantee,
-            actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
-            resource_arns=[self.table.table_arn],
+    def grant_worker_access(self, grantee: iam.IGrantable) -> None:
+        """The worker: open its session and write its checkpoint page (PutItem);
+        renew, reap and retire sessions, take, release and park connections
+        (UpdateItem); forget a dead session and its page (DeleteItem); read items
+        (GetItem); list sessions (Query on the table); a session's connections
+        (``by-owner``) and unowned ones (``unowned``). Never the router's index, never
+        a scan."""
+        self._grant(
+            grantee,
+            [
+                "dynamodb:GetItem",
+                "dynamodb:PutItem",
+                "dynamodb:UpdateItem",
+                "dynamodb:DeleteItem",
+                "dynamodb:Query",
+            ],
+            [self.table.table_arn],
         )
-        iam.Grant.add_to_principal(
-            grantee=grantee, actions=["dynamodb:Query"], resource_arns=[self.index_arn]
+        self._grant(
+            grantee,
+            ["dynamodb:Query"],
+            [
+                self.index_arns[schema.OWNER_INDEX_NAME],
+                self.index_arns[schema.UNOWNED_INDEX_NAME],
+            ],
         )
 
-    def grant_desired_state_access(self, grantee: iam.IGrantable) -> None:
-        """The router: start/stop by conditional updates, read, list by index or scan."""
-        iam.Grant.add_to_principal(
-            grantee=grantee,
-            actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
-            resource_arns=[self.table.table_arn],
+    def grant_router_access(self, grantee: iam.IGrantable) -> None:
+        """The router: start/stop by conditional updates and the owner's session notice
+        (UpdateItem); read a connection, its owner's session and page (GetItem); list
+        through ``by-desired-state`` or by a Query or Scan of the table. It never puts
+        or deletes an item (TTL removes stopped connections)."""
+        self._grant(
+            grantee,
+            ["dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query", "dynamodb:Scan"],
+            [self.table.table_arn],
         )
-        iam.Grant.add_to_principal(
-            grantee=grantee,
-            actions=["dynamodb:Query", "dynamodb:Scan"],
-            resource_arns=[self.table.table_arn, self.index_arn],
-        )
+        self._grant(grantee, ["dynamodb:Query"], [self.index_arns[schema.STATE_INDEX_NAME]])
+
+    @staticmethod
+    def _grant(grantee: iam.IGrantable, actions: list[str], resources: list[str]) -> None:
+        iam.Grant.add_to_principal(grantee=grantee, actions=actions, resource_arns=resources)

@@ -12,10 +12,11 @@ from stacks.fleet_metrics import MonitoredFleet
 
 
 class FleetDashboard(Construct):
-    """Rows: alarm states; connections and tasks; lease health (orphans, takeover
-    latency, lost leases, renew failures); traffic; queues and the router; compute and
-    DynamoDB. Per-task lines come from a SEARCH over the ``[Service, TaskId]``
-    dimension set, since task ids change with every task."""
+    """Rows: alarm states; connections and tasks; lease health (connections found in
+    the unowned index and leases acquired, takeover latency, session renew failures and
+    sessions reaped, leases lost and released); traffic; queues and the router; compute
+    and DynamoDB (the table and each index). Per-task lines come from a SEARCH over the
+    ``[Service, TaskId]`` dimension set, since task ids change with every task."""
 
     def __init__(
         self,

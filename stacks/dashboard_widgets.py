@@ -13,13 +13,19 @@ Row = list[cw.IWidget]
 
 
 def graph(
-    title: str, left: Sequence[cw.IMetric], right: Sequence[cw.IMetric] = ()
+    title: str,
+    left: Sequence[cw.IMetric],
+    right: Sequence[cw.IMetric] = (),
+    *,
+    width: int = 8,
 ) -> cw.GraphWidget:
-    return cw.GraphWidget(title=title, left=list(left), right=list(right), width=8, height=6)
+    return cw.GraphWidget(title=title, left=list(left), right=list(right), width=width, height=6)
 
 
 def fleet_rows(f: MonitoredFleet) -> list[Row]:
-    """Connections and tasks; lease health; traffic."""
+    """Connections and tasks; lease health (connections found unowned and taken,
+    takeover latency, session renew failures and reaps, leases lost and released);
+    traffic."""
     active = m.ACTIVE_CONNECTIONS
     messages = cw.MathExpression(
         expression="messages / PERIOD(messages)",
@@ -45,19 +51,36 @@ def fleet_rows(f: MonitoredFleet) -> list[Row]:
         ],
         [
             graph(
-                "Orphans found / leases acquired",
-                [f.worker(m.ORPHANS_FOUND), f.worker(m.LEASES_ACQUIRED)],
+                "Unowned connections found / leases acquired",
+                [
+                    f.worker(m.ORPHANS_FOUND, label="found in the unowned index"),
+                    f.worker(m.LEASES_ACQUIRED, label="acquired (starts and takeovers)"),
+                ],
+                width=6,
             ),
             graph(
-                "Takeover latency (ms)",
+                "Takeover latency after a session lapse (ms)",
                 [
                     f.worker(m.TAKEOVER_LATENCY_MS, statistic=s, label=s)
                     for s in ("p50", "p90", "Maximum")
                 ],
+                width=6,
             ),
             graph(
-                "Leases lost / renew failures / released",
-                [f.worker(m.LEASES_LOST), f.worker(m.RENEW_FAILURES), f.worker(m.LEASES_RELEASED)],
+                "Session renew failures / sessions reaped",
+                [
+                    f.worker(m.RENEW_FAILURES, label="session renews failed"),
+                    f.worker(m.SESSIONS_REAPED, label="lapsed sessions reaped"),
+                ],
+                width=6,
+            ),
+            graph(
+                "Leases lost / released",
+                [
+                    f.worker(m.LEASES_LOST, label="lost"),
+                    f.worker(m.LEASES_RELEASED, label="released"),
+                ],
+                width=6,
             ),
         ],
         [
@@ -69,9 +92,11 @@ def fleet_rows(f: MonitoredFleet) -> list[Row]:
 
 
 def service_rows(f: MonitoredFleet) -> list[Row]:
-    """Queues and the router; compute and DynamoDB (where the index's write
-    amplification shows first)."""
+    """Queues and the router; compute and DynamoDB: the table, which takes the session
+    renews, the checkpoint pages and the reconcile reads, and each index, which moves
+    only with ownership changes and the router's starts and stops."""
     maximum = cw.Stats.MAXIMUM
+    indexes: list[str | None] = [None, *f.index_names]  # None: the table itself
     return [
         [
             graph(
@@ -106,17 +131,15 @@ def service_rows(f: MonitoredFleet) -> list[Row]:
                 [f.service.metric_cpu_utilization(), f.service.metric_memory_utilization()],
             ),
             graph(
-                "DynamoDB consumed writes (per minute)",
-                [
-                    f.dynamodb("ConsumedWriteCapacityUnits"),
-                    f.dynamodb("ConsumedWriteCapacityUnits", index=True),
-                ],
+                "DynamoDB consumed capacity (per minute)",
+                [f.dynamodb("ConsumedWriteCapacityUnits", index=i) for i in indexes],
+                right=[f.dynamodb("ConsumedReadCapacityUnits", index=i) for i in indexes],
             ),
             graph(
                 "DynamoDB throttles",
                 [
                     f.dynamodb(name, index=index)
-                    for index in (False, True)
+                    for index in indexes
                     for name in ("WriteThrottleEvents", "ReadThrottleEvents")
                 ],
             ),

@@ -73,7 +73,8 @@ class MonitoredFleet:
     service_name: str
     """The ``Service`` dimension value the workers publish with."""
     table: dynamodb.ITable
-    index_name: str
+    index_names: tuple[str, ...]
+    """The table's global secondary indexes, each reported by DynamoDB on its own."""
     queue: sqs.IQueue
     dead_letter_queue: sqs.IQueue
     failed_events: sqs.IQueue
@@ -86,18 +87,18 @@ class MonitoredFleet:
     def worker(self, metric_name: str, **options: Any) -> cw.Metric:
         return fleet_metric(metric_name, service=self.service_name, **options)
 
-    def dynamodb(self, metric_name: str, *, index: bool = False) -> cw.Metric:
-        """A DynamoDB metric of the table, or of its state index (``index=True``)."""
+    def dynamodb(self, metric_name: str, *, index: str | None = None) -> cw.Metric:
+        """A DynamoDB metric of the table, or of one of its indexes."""
         dimensions = {"TableName": self.table.table_name}
-        if index:
-            dimensions["GlobalSecondaryIndexName"] = self.index_name
+        if index is not None:
+            dimensions["GlobalSecondaryIndexName"] = index
         return cw.Metric(
             namespace="AWS/DynamoDB",
             metric_name=metric_name,
             dimensions_map=dimensions,
             statistic=cw.Stats.SUM,
             period=ONE_MINUTE,
-            label=f"{'index' if index else 'table'} {metric_name}",
+            label=f"{index or 'table'} {metric_name}",
         )
 
     def container_insights(self, metric_name: str, statistic: str = cw.Stats.AVERAGE) -> cw.Metric:

@@ -24,7 +24,7 @@ from stacks.start_queue import StartQueue
 from stacks.worker_scaling import WorkerScaling
 from stacks.worker_service import WorkerService
 from worker import config as worker_env
-from wsfleet import metric_names, schema
+from wsfleet import metric_names
 
 
 class WebSocketFleetStack(Stack):
@@ -65,7 +65,7 @@ class WebSocketFleetStack(Stack):
             removal_policy=removal,
         )
         task_role = workers.task_definition.task_role
-        table.grant_lease_access(task_role)
+        table.grant_worker_access(task_role)
         starts.grant_worker_access(task_role)
         WorkerScaling(
             self,
@@ -92,7 +92,7 @@ class WebSocketFleetStack(Stack):
             log_retention=retention,
             removal_policy=removal,
         )
-        table.grant_desired_state_access(router.role)
+        table.grant_router_access(router.role)
         starts.grant_send(router.role)
         api = RouterApi(
             self, "Api", handler=router.function, log_retention=retention, removal_policy=removal
@@ -112,7 +112,7 @@ class WebSocketFleetStack(Stack):
         fleet = MonitoredFleet(
             service_name=s.service_name,
             table=table.table,
-            index_name=schema.STATE_INDEX_NAME,
+            index_names=table.index_names,
             queue=starts.queue,
             dead_letter_queue=starts.dead_letter_queue,
             failed_events=router.failed_events,

@@ -21,7 +21,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Node
 
 from wsfleet.metric_names import DEFAULT_SERVICE_NAME
-from wsfleet.timing import InvalidTimingError, LeaseTiming
+from wsfleet.timing import DEFAULT_LEASE_SECONDS, InvalidTimingError, LeaseTiming
 
 REPO_ROOT: Final = Path(__file__).resolve().parent.parent
 ENVIRONMENT_KEY: Final = "fleet:environment"
@@ -78,7 +78,7 @@ class ImportedVpc:
 
 @dataclass(frozen=True, slots=True)
 class ProvisionedCapacity:
-    """Auto-scaled read/write capacity of the table; the index gets the same range."""
+    """Auto-scaled read/write capacity of the table; each index gets the same range."""
 
     min_read: int = 5
     max_read: int = 50
@@ -95,7 +95,10 @@ class FleetSettings:
     service_name: str = DEFAULT_SERVICE_NAME
     allowed_upstream_hosts: tuple[str, ...] = ()
     max_connections: int = 500
-    lease_seconds: float = 20.0
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    """The session lease (``LEASE_SECONDS``, 2.5 s); the worker derives the rest from
+    it (``LeaseTiming.from_lease``: heartbeat and reconcile 0.6 s, skew 0.25 s, margin
+    lease/10, checkpoint 5 s), and the synth refuses a lease those cannot satisfy."""
     min_tasks: int = 2
     max_tasks: int = 10
     target_connections_per_task: int = 350
@@ -124,8 +127,9 @@ class FleetSettings:
     at the default 5, which stays below 10 minutes; scale-out adds a task in 2 to 3
     minutes. Older than that, no worker takes starts."""
     router_reserved_concurrency: int = 10
-    """Router executions at once: about 30 calls/s each, 1-2 state-index writes per
-    call, next to the renews on that index's one hot partition (docs/DEPLOY.md)."""
+    """Router executions at once: about 30 calls/s each, 1-2 writes per call to the
+    ``STARTED`` partition of the state index, which takes about 1,000 writes/s and
+    which only the router writes (docs/DEPLOY.md)."""
     task_cpu: int = 256
     task_memory_mib: int = 512
     powertools_version: str = ""
@@ -135,6 +139,7 @@ class FleetSettings:
 
     @property
     def timing(self) -> LeaseTiming:
+        """What the worker derives from ``LEASE_SECONDS`` (``worker.config``), validated."""
         return LeaseTiming.from_lease(self.lease_seconds)
 
 

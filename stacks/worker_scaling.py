@@ -13,7 +13,7 @@ from stacks.fleet_metrics import active_connections_average
 SCALE_OUT_COOLDOWN: Final = Duration.minutes(1)
 SCALE_IN_COOLDOWN: Final = Duration.minutes(10)
 """Scale-in costs a handoff: the stopped task releases its leases and others take them
-over (about a second each, docs/DESIGN.md §3.9). A long cooldown keeps a brief dip in
+over (about a second each, docs/DESIGN.md §3.11). A long cooldown keeps a brief dip in
 connections from shuffling leases back and forth."""
 
 

@@ -17,6 +17,19 @@ STOP_TIMEOUT: Final = Duration.seconds(120)
 """Fargate's maximum: time between SIGTERM and SIGKILL for the worker to stop reading,
 release every lease with its final checkpoint and send the ``reassign`` hints."""
 HEALTH_CHECK_COMMAND: Final = ("CMD", "python", "-m", "worker.health")
+"""Fails once the event loop's stamp is older than ``LeaseTiming.stale_health_after``:
+three heartbeats and never less than 10 s (10 s at the default 2.5 s lease)."""
+HEALTH_CHECK_INTERVAL: Final = Duration.seconds(15)
+HEALTH_CHECK_TIMEOUT: Final = Duration.seconds(5)
+HEALTH_CHECK_RETRIES: Final = 3
+"""Three failed checks in a row, 15 s apart, mark the task unhealthy and ECS replaces
+it: a loop stuck for about 40 to 55 s at the defaults. Nothing waits on that: the
+stalled worker's session lapses after one lease and is taken over within seconds; the
+check only recycles a worker that does not come back (one that does finds its session
+reaped and opens a new one). A shorter trigger would restart tasks for pauses they
+recover from by themselves."""
+HEALTH_CHECK_START_PERIOD: Final = Duration.seconds(30)
+"""Failures while the interpreter starts, before the first stamp, do not count."""
 
 
 class WorkerService(Construct):
@@ -66,13 +79,14 @@ class WorkerService(Construct):
             stop_timeout=STOP_TIMEOUT,
             health_check=ecs.HealthCheck(
                 command=list(HEALTH_CHECK_COMMAND),
-                interval=Duration.seconds(15),
-                timeout=Duration.seconds(5),
-                retries=3,
-                start_period=Duration.seconds(30),
+                interval=HEALTH_CHECK_INTERVAL,
+                timeout=HEALTH_CHECK_TIMEOUT,
+                retries=HEALTH_CHECK_RETRIES,
+                start_period=HEALTH_CHECK_START_PERIOD,
             ),
             # Non-blocking: a slow log pipe must never stall the event loop (a stalled
-            # loop misses renews and fences every connection); the buffer absorbs bursts.
+            # loop misses session renews and pauses every connection); the buffer
+            # absorbs bursts.
             logging=ecs.LogDrivers.aws_logs(
                 stream_prefix="worker",
                 log_group=self.log_group,

@@ -17,6 +17,7 @@ from worker.fleet_worker import Worker, WorkerDeps
 from worker.plugins import PluginError
 from worker.upstream_protocol import load_protocol
 from wsfleet.lease_store import LeaseStore
+from wsfleet.session_store import SessionStore
 
 log = logging.getLogger("worker")
 
@@ -54,7 +55,14 @@ def main() -> int:
         config.timing, sqs_wait_seconds=config.sqs_wait_seconds, pool_size=AWS_THREADS
     )
     store = LeaseStore(clients.dynamodb, config.table_name, config.timing)
-    deps = WorkerDeps(store=store, sqs=clients.sqs, handler=handler, protocol=protocol)
+    deps = WorkerDeps(
+        store=store,
+        sessions=SessionStore(clients.dynamodb, config.table_name, config.timing),
+        renewals=SessionStore(clients.renewals, config.table_name, config.timing),
+        sqs=clients.sqs,
+        handler=handler,
+        protocol=protocol,
+    )
     asyncio.run(serve(config, deps))
     return 0
 

@@ -28,6 +28,8 @@ _ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB", "AWS_END
 @dataclass(frozen=True, slots=True)
 class Clients:
     dynamodb: DynamoDBClient
+    renewals: DynamoDBClient
+    """The session renew's own client (docs/DESIGN.md §4): never shared."""
     sqs: SQSClient
 
 
@@ -41,6 +43,19 @@ def dynamodb_config(timing: LeaseTiming, pool_size: int) -> Config:
         read_timeout=per_attempt,
         retries={"mode": "standard", "total_max_attempts": 2},
         max_pool_connections=pool_size,
+    )
+
+
+def renew_config(timing: LeaseTiming) -> Config:
+    """One attempt per session renew, bounded by a third of a heartbeat: the renew
+    thread itself retries (a quarter heartbeat later), so the fence window holds three
+    attempts."""
+    per_attempt = timing.renew_attempt_timeout
+    return Config(
+        connect_timeout=per_attempt,
+        read_timeout=per_attempt,
+        retries={"mode": "standard", "total_max_attempts": 1},
+        max_pool_connections=2,
     )
 
 
@@ -73,6 +88,7 @@ def make_clients(timing: LeaseTiming, *, sqs_wait_seconds: int, pool_size: int) 
         dynamodb=session.client(
             "dynamodb", region_name=region, config=dynamodb_config(timing, pool_size)
         ),
+        renewals=session.client("dynamodb", region_name=region, config=renew_config(timing)),
         sqs=session.client(
             "sqs", region_name=region, config=sqs_config(sqs_wait_seconds, pool_size)
         ),

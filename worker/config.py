@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from wsfleet.timing import InvalidTimingError, LeaseTiming
+from wsfleet.timing import DEFAULT_LEASE_SECONDS, InvalidTimingError, LeaseTiming
 
 TABLE_NAME: Final = "TABLE_NAME"
 QUEUE_URL: Final = "QUEUE_URL"
@@ -19,6 +19,7 @@ LEASE_SECONDS: Final = "LEASE_SECONDS"
 HEARTBEAT_SECONDS: Final = "HEARTBEAT_SECONDS"
 RECONCILE_SECONDS: Final = "RECONCILE_SECONDS"
 MAX_SKEW_SECONDS: Final = "MAX_SKEW_SECONDS"
+CHECKPOINT_SECONDS: Final = "CHECKPOINT_SECONDS"
 MAX_CONNECTIONS: Final = "MAX_CONNECTIONS"
 REASSIGN_ON_RELEASE: Final = "REASSIGN_ON_RELEASE"
 UPSTREAM_PROTOCOL: Final = "UPSTREAM_PROTOCOL"
@@ -100,13 +101,14 @@ class WorkerConfig:
 
 
 def timing_from_env(env: Mapping[str, str]) -> LeaseTiming:
-    """Lease timing from ``LEASE_SECONDS`` and the optional overrides, validated."""
+    """Session timing from ``LEASE_SECONDS`` and the optional overrides, validated."""
     try:
         return LeaseTiming.from_lease(
-            _positive_float(env, LEASE_SECONDS, 20.0),
+            _positive_float(env, LEASE_SECONDS, DEFAULT_LEASE_SECONDS),
             heartbeat=_opt_float(env, HEARTBEAT_SECONDS),
             reconcile=_opt_float(env, RECONCILE_SECONDS),
             skew=_opt_float(env, MAX_SKEW_SECONDS),
+            checkpoint=_opt_float(env, CHECKPOINT_SECONDS),
         )
     except InvalidTimingError as error:
         raise ConfigError(f"invalid lease timing: {error}") from error

@@ -1,17 +1,21 @@
-"""One owned connection: read the upstream, hand messages to the handler, renew the
-lease with the checkpoint, and end the moment the lease is in doubt.
+"""One owned connection: read the upstream, hand messages to the handler, and end
+when the router, the session or the worker says so.
 
-Two tasks run per connection: the reader (connect with resume, receive, deliver,
-reconnect with backoff) and the renewer (one conditional write per heartbeat). Every
-decision (duplicate, gap or next frame; call the handler or not; retry, skip or fence
-after a failure; what a renew's answer means; how the connection ends) is taken by
-the pure :class:`~worker.connection_state.ConnectionState`; this module is the
-plumbing around it: sockets, tasks, timers, the store, logs and metrics.
+One task runs per connection: the reader (connect with resume, receive, deliver,
+reconnect with backoff). The connection's item is not renewed: the worker's session
+is (worker.session), and each successful session renew moves this connection's fence
+deadline through :meth:`ConnectionRunner.session_renewed`. Every decision (duplicate,
+gap or next frame; call the handler, wait or stop; retry, skip or wait after a
+failure; how the connection ends) is taken by the pure
+:class:`~worker.connection_state.ConnectionState`; this module is the plumbing
+around it: sockets, tasks, timers, the store, logs and metrics.
 
-The fence deadline ``sent_at(last successful renew) + lease - skew - margin`` is
-checked synchronously before every handler call and bounds each call, so a paused or
-partitioned worker never hands over a message after another worker may have taken
-the lease, even when no condition ever failed.
+The fence deadline ``sent_at(last successful session renew) + lease - skew - margin``
+is checked synchronously before every handler call and bounds each call, so a paused
+or partitioned worker never hands over a message after another worker may have
+reaped its session, even when no condition ever failed. Past it the connection waits
+(no handler call) until a later renew of the same session resumes it, or a reap
+ends it.
 """
 
 from __future__ import annotations
@@ -24,21 +28,22 @@ from dataclasses import dataclass
 
 from websockets.asyncio.client import ClientConnection, connect
 
-from worker.connection_state import Call, ConnectionState, Ending, Failure, Frame, RenewStep
+from worker.connection_state import Call, ConnectionState, Ending, Failure, Frame
 from worker.delivery import Delivery, Handler
 from worker.metrics import FleetMetrics
 from worker.upstream_failures import FailingClock, Verdict
 from worker.upstream_protocol import Message, Reply, Unreadable, UpstreamProtocol
 from wsfleet import metric_names as m
 from wsfleet.backoff import backoff_delays
-from wsfleet.lease_rules import Lease, RenewRefusal
-from wsfleet.lease_store import LeaseStore, Released, Renewed
+from wsfleet.checkpoint_page import PageEntry
+from wsfleet.lease_rules import Lease
+from wsfleet.lease_store import LeaseStore, Released
 from wsfleet.timing import LeaseTiming
 
 log = logging.getLogger(__name__)
 
 TASK_STOP_SECONDS = 2.0
-"""How long a cancelled reader or renewer may take to finish (an upstream close
+"""How long a cancelled reader may take to finish (an upstream close
 handshake included) before it is left behind."""
 
 
@@ -55,7 +60,7 @@ class Outcome:
     released: bool
     last_seq: int
     restarted: bool = False
-    """Started again by the router under a newer generation, seen by the renew or the
+    """Started again by the router under a newer generation, seen by a notice or the
     release: the worker takes it again at once."""
 
 
@@ -81,16 +86,20 @@ class ConnectionSettings:
 
 
 class ConnectionRunner:
-    def __init__(self, settings: ConnectionSettings, lease: Lease, acquire_sent_at: float) -> None:
-        """``acquire_sent_at``: loop time taken just before the acquire was sent."""
+    def __init__(self, settings: ConnectionSettings, lease: Lease, deadline: float) -> None:
+        """``deadline``: the session's fence deadline at the moment of the acquire."""
         self._s = settings
         self.lease = lease
         self.state = ConnectionState(
             settings.timing,
             checkpoint=lease.last_seq,
-            acquired_at=acquire_sent_at,
+            deadline=deadline,
             skip_failed_messages=settings.skip_failed_messages,
         )
+        self._advanced_at: float | None = None
+        """Loop time of the last checkpoint advance (for the page's "advanced at")."""
+        self._resumed = asyncio.Event()
+        """Set by a session renew that moves the deadline, or by the ending."""
         self._ended: asyncio.Future[Ending] = asyncio.get_running_loop().create_future()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -119,6 +128,26 @@ class ConnectionRunner:
         """Ask the connection to end; :meth:`run` returns once it has."""
         self._end(ending)
 
+    def session_renewed(self, sent_at: float) -> None:
+        """The session was renewed by a write sent at ``sent_at`` (loop time): move the
+        fence deadline, extend the handler call in flight, wake a paused reader."""
+        moved = self.state.renewed(sent_at)
+        if moved is not None and self._handler_scope is not None:
+            self._handler_scope.reschedule(moved)
+        if self.state.may_handle(self._now()):
+            self._resumed.set()
+
+    def page_entry(self, now: float, now_ms: int) -> PageEntry:
+        """This connection's line of the session's checkpoint page: only what handler
+        calls that returned have passed."""
+        advanced = self._advanced_at
+        return PageEntry(
+            epoch=self.lease.epoch,
+            seq_gen=self.lease.seq_gen,
+            seq=self.state.checkpoint,
+            advanced_at_ms=None if advanced is None else now_ms - round((now - advanced) * 1000),
+        )
+
     async def wait_closed(self) -> None:
         """Return once the tasks of an ended connection have finished (bounded)."""
         if self._closed is not None:
@@ -129,14 +158,12 @@ class ConnectionRunner:
         with the final checkpoint. Cancelling ``run`` cuts the wait for the handler
         call in flight short, but the release still happens before it returns."""
         reader = asyncio.create_task(self._read_loop(), name=f"read:{self.connection_id}")
-        renewer = asyncio.create_task(self._renew_loop(), name=f"renew:{self.connection_id}")
         reader.add_done_callback(self._task_ended)
-        renewer.add_done_callback(self._task_ended)
         try:
             ending = await self._ended
             # Order (docs/DESIGN.md §3.3): stop reading, let the handler call in flight
             # finish by the deadline fixed at the stop, then release with the final
-            # checkpoint. A lost lease stops at once.
+            # checkpoint. A reaped session stops at once.
             if ending.graceful:
                 await self._drain()
         finally:
@@ -145,14 +172,13 @@ class ConnectionRunner:
             self._end(Ending.SHUTDOWN)
             ending = self._ended.result()
             reader.cancel()
-            renewer.cancel()
             await self._quiesce()
             released = await self._release() if ending.releases else None
             # The upstream socket may take a moment to close (its close handshake
             # waits behind frames that piled up); the release and the handoff do not
             # wait for it: nothing can be handled on it any more.
             self._closed = asyncio.create_task(
-                self._join(reader, renewer), name=f"close:{self.connection_id}"
+                self._join(reader), name=f"close:{self.connection_id}"
             )
             self._log_end(ending, released)
         return Outcome(
@@ -182,6 +208,7 @@ class ConnectionRunner:
             return
         if self._handler_scope is not None:
             self._handler_scope.reschedule(self.state.call_deadline)
+        self._resumed.set()
         self._ended.set_result(ending)
 
     def _fenced(self, why: str) -> None:
@@ -243,9 +270,10 @@ class ConnectionRunner:
         )
 
     def _task_ended(self, task: asyncio.Task[None]) -> None:
-        """Neither task ends on its own while the connection runs, not even cancelled
-        (only :meth:`run` cancels them, once the ending is decided); one that did has
-        a bug. Whether the lease is still held is then unknown: fence and release."""
+        """The reader never ends on its own while the connection runs, not even
+        cancelled (only :meth:`run` cancels it, once the ending is decided); one that
+        did has a bug. Whether the lease is still held is then unknown: fence and
+        release."""
         if self._ended.done():
             return
         error = "cancelled" if task.cancelled() else repr(task.exception())
@@ -286,7 +314,8 @@ class ConnectionRunner:
             except Exception as error:
                 delay = next(delays)
                 if loop.time() + delay >= give_up_at:
-                    # The lease then lapses on its own and a reconcile reassigns it.
+                    # The connection stays owned by this session: the next reconcile
+                    # finds it among its own entries, not run, and releases it then.
                     log.error(
                         "release failed; giving up",
                         extra={"connection_id": self.connection_id, "error": repr(error)},
@@ -303,57 +332,6 @@ class ConnectionRunner:
             if released.parked:
                 s.metrics.count(m.CONNECTIONS_FAILED)
             return released
-
-    # --- renewing ----------------------------------------------------------------------
-
-    async def _renew_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        state = self.state
-        while True:
-            await asyncio.sleep(max(0.0, state.renew_wake_at() - loop.time()))
-            if not state.before_renew(loop.time()):
-                self._fenced("no successful renew before the fence deadline")
-                return
-            sent_at = loop.time()
-            self._s.metrics.renew_lateness(sent_at - state.next_renew)
-            result = await self._send_renew()
-            if result is None:
-                self._s.metrics.count(m.RENEW_FAILURES)
-                if state.renew_failed(loop.time()) is RenewStep.FENCE:
-                    self._fenced("no successful renew before the fence deadline")
-                    return
-            elif isinstance(result, Renewed):
-                moved = state.renewed(sent_at)
-                if moved is not None and self._handler_scope is not None:
-                    self._handler_scope.reschedule(moved)
-            else:
-                if result is RenewRefusal.LOST:
-                    self._s.metrics.count(m.RENEW_FAILURES)
-                if state.renew_refused(result, sent_at, loop.time()) is RenewStep.END:
-                    log.info(
-                        "renew refused",
-                        extra={"connection_id": self.connection_id, "reason": result.value},
-                    )
-                    self._carry_ending()
-                    return
-
-    async def _send_renew(self) -> Renewed | RenewRefusal | None:
-        """One renew attempt, bounded by the fence deadline; None when its outcome
-        is unknown (an error, or no answer in time)."""
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout_at(self.state.deadline):
-                return await loop.run_in_executor(
-                    None, self._s.store.renew, self.lease, self.checkpoint, self._s.wall_ms()
-                )
-        except TimeoutError:
-            return None
-        except Exception as error:
-            log.warning(
-                "renew failed, retrying",
-                extra={"connection_id": self.connection_id, "error": repr(error)},
-            )
-            return None
 
     # --- reading -----------------------------------------------------------------------
 
@@ -482,22 +460,27 @@ class ConnectionRunner:
         delays = backoff_delays(initial=0.1, maximum=10.0, rng=s.rng.random)
         while True:
             call = state.before_call(loop.time())
-            if call is Call.FENCE:
-                self._fenced("fence deadline passed before a handler call")
+            if call is Call.PAUSE:
+                await self._paused()
+                continue
             if call is not Call.GO:
                 return False
             failure = await self.call_handler(delivery)
             if failure is None:
                 state.call_returned(message.seq)
+                self._advanced_at = loop.time()
                 s.metrics.count(m.MESSAGES_PROCESSED)
                 if self.failing.message_handled():
                     await self._clear_failing()
                 return True
             hit_deadline = isinstance(failure, DeadlineReachedError)
-            verdict = state.call_failed(message.seq, loop.time(), hit_deadline=hit_deadline)
-            if verdict is Failure.FENCE:
-                self._fenced("handler call ran into the fence deadline")
-                return False
+            verdict = state.call_failed(message.seq, hit_deadline=hit_deadline)
+            if verdict is Failure.PAUSE:
+                log.warning(
+                    "handler call cut at the session's fence deadline; waiting for a renew",
+                    extra={"connection_id": self.connection_id, "seq": message.seq},
+                )
+                continue
             s.metrics.count(m.HANDLER_ERRORS)
             log.error(
                 "handler failed"
@@ -512,10 +495,22 @@ class ConnectionRunner:
                 return True
             await asyncio.sleep(next(delays))
 
+    async def _paused(self) -> None:
+        """Wait, handling nothing, until a session renew moves the fence deadline or
+        the connection ends."""
+        self._resumed.clear()
+        if self.state.may_handle(self._now()) or self.state.stopping:
+            return
+        log.warning(
+            "session fence deadline passed: pausing",
+            extra={"connection_id": self.connection_id, "epoch": self.lease.epoch},
+        )
+        await self._resumed.wait()
+
     async def call_handler(self, delivery: Delivery) -> BaseException | None:
         """One handler call, bounded by the call deadline (the fence deadline, or the
-        drain deadline once a graceful ending is decided; moved by renews while it
-        runs); what it raised, if anything (:class:`DeadlineReachedError` when the
+        drain deadline once a graceful ending is decided; moved by session renews
+        while it runs); what it raised, if anything (:class:`DeadlineReachedError` when the
         deadline cut it). The reader makes every call through here."""
         self._idle.clear()
         scope = asyncio.timeout_at(self.state.call_deadline)

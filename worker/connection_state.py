@@ -2,11 +2,17 @@
 
 :class:`ConnectionState` is to :mod:`worker.connection` what python-websockets'
 sans-I/O ``Protocol`` is to its asyncio connection: the runner feeds it what happened
-(a frame's seq, a handler call that returned or failed, a renew that was sent,
-answered or failed, a request to stop) with the loop time of the moment, and it
-answers with the decision to act on (call the handler or not, reconnect, retry, skip,
-fence, end). The runner keeps the sockets, tasks, timers and logs; every rule that
-keeps the lease safe lives here and is tested with tables of inputs.
+(a frame's seq, a handler call that returned or failed, a session renew that landed,
+a request to stop) with the loop time of the moment, and it answers with the
+decision to act on (call the handler, wait, retry, skip, end). The runner keeps the
+sockets, tasks, timers and logs; every rule that keeps the connection safe lives here
+and is tested with tables of inputs.
+
+The fence deadline is the session's (docs/DESIGN.md §3.6): ``sent_at(last
+successful session renew) + lease - skew - margin``. Past it the connection *pauses*:
+no handler call starts, the one in flight is cut, and a later successful renew of the
+same session (proof that no reap happened) moves the deadline and resumes it under
+the same epoch. Only a reap ends it (``LOST``).
 
 Times are monotonic seconds (the event loop's clock); ``timing`` supplies the lease,
 heartbeat, skew and margin.
@@ -18,7 +24,6 @@ import enum
 from dataclasses import dataclass
 
 from wsfleet import lease_rules
-from wsfleet.lease_rules import RenewRefusal
 from wsfleet.timing import LeaseTiming
 
 
@@ -30,7 +35,9 @@ class Ending(enum.Enum):
     RESTARTED = "restarted"
     GONE = "gone"
     LOST = "lost"
+    """The session was reaped: another worker takes (or took) the connection over."""
     FENCED = "fenced"
+    """A task of the runner ended unexpectedly: ownership is in doubt."""
     PARKED = "parked"
     """The upstream was given up on (worker.upstream_failures): release and park it."""
 
@@ -41,24 +48,15 @@ class Ending(enum.Enum):
 
     @property
     def releases(self) -> bool:
-        # FENCED: ownership is unknown (DynamoDB unreachable or the process was
-        # paused); the release is conditional on owner and epoch, so trying costs
-        # nothing when another worker holds it and frees it at once when not.
+        # FENCED: the runner broke; the release is conditional on owner and epoch,
+        # so trying costs nothing when another worker holds it and frees it at once
+        # when not.
         return self.graceful or self is Ending.FENCED
 
     @property
     def loses_lease(self) -> bool:
         """Counted as ``LeasesLost``: the lease was (or may have been) taken away."""
         return self in (Ending.LOST, Ending.FENCED)
-
-
-REFUSAL_ENDINGS = {
-    RenewRefusal.LOST: Ending.LOST,
-    RenewRefusal.STOPPED: Ending.STOPPED,
-    RenewRefusal.RESTARTED: Ending.RESTARTED,
-    RenewRefusal.GONE: Ending.GONE,
-}
-"""How a refused renew ends the connection (``SUPERSEDED`` does not end it)."""
 
 
 class Frame(enum.Enum):
@@ -78,8 +76,8 @@ class Call(enum.Enum):
     GO = "go"
     STOP = "stop"
     """The connection is ending: no call starts any more."""
-    FENCE = "fence"
-    """The fence deadline has passed: the connection is now fenced."""
+    PAUSE = "pause"
+    """The session's fence deadline has passed: wait for a renew (or the end)."""
 
 
 class Failure(enum.Enum):
@@ -89,38 +87,25 @@ class Failure(enum.Enum):
     """Not handled: call again with the same message after a backoff."""
     SKIP = "skip"
     """``HANDLER_ERRORS=skip``: counted, checkpointed past, not retried."""
-    FENCE = "fence"
-    """The call ran into the fence deadline: the connection is now fenced."""
-
-
-class RenewStep(enum.Enum):
-    """What to do after a renew was answered or failed."""
-
-    CONTINUE = "continue"
-    """Keep renewing at :attr:`ConnectionState.next_renew`."""
-    FENCE = "fence"
-    """The fence deadline passed without a successful renew: fenced."""
-    END = "end"
-    """A refusal decided the ending (:attr:`ConnectionState.ending`)."""
+    PAUSE = "pause"
+    """The call ran into the fence deadline: not handled; call it again once the
+    session is renewed (it is not the handler's failure)."""
 
 
 @dataclass
 class ConnectionState:
-    """One connection's checkpoint, fence deadline, renew schedule and ending.
+    """One connection's checkpoint, fence deadline and ending.
 
-    ``acquired_at``: loop time just before the acquire was sent (the acquire proves
-    the lease like a renew does).
+    ``deadline``: the session's fence deadline when the connection was taken.
     """
 
     timing: LeaseTiming
     checkpoint: int
-    acquired_at: float
+    deadline: float
+    """No handler call may start at or after this instant, and each is bounded by it."""
     skip_failed_messages: bool = False
 
     def __post_init__(self) -> None:
-        self.deadline = lease_rules.fence_deadline(self.acquired_at, self.timing)
-        """No handler call may start at or after this instant, and each is bounded by it."""
-        self.next_renew = self.acquired_at + self.timing.heartbeat
         self.ending: Ending | None = None
         self.drain_deadline = self.deadline
         """For a graceful ending: the fence deadline at the moment of the stop."""
@@ -167,67 +152,36 @@ class ConnectionState:
         return Frame.NEXT
 
     def before_call(self, now: float) -> Call:
-        """Checked synchronously right before every handler call: after a pause,
-        buffered frames are read before any timer fires, and this stops them."""
+        """Checked synchronously right before every handler call: after a process
+        pause, buffered frames are read before any timer fires, and this stops them."""
         if self.stopping:
             return Call.STOP
         if not self.may_handle(now):
-            self.end(Ending.FENCED, now)
-            return Call.FENCE
+            return Call.PAUSE
         return Call.GO
 
     def call_returned(self, seq: int) -> None:
         """The checkpoint passes a message only once its handler call returned."""
         self.checkpoint = seq
 
-    def call_failed(self, seq: int, now: float, *, hit_deadline: bool) -> Failure:
+    def call_failed(self, seq: int, *, hit_deadline: bool) -> Failure:
         """``hit_deadline``: the call was cut by its deadline (not a failure of the
         handler's own)."""
         if hit_deadline:
-            self.end(Ending.FENCED, now)
-            return Failure.FENCE
+            return Failure.PAUSE
         if self.skip_failed_messages:
             self.checkpoint = seq
             return Failure.SKIP
         return Failure.RETRY
 
-    # --- renewing ----------------------------------------------------------------------
-
-    def renew_wake_at(self) -> float:
-        """When the renewer must act next: the next renew, or the fence deadline if
-        that comes first."""
-        return min(self.next_renew, self.deadline)
-
-    def before_renew(self, now: float) -> bool:
-        """False (and fenced) when the deadline passed without a successful renew."""
-        if self.may_handle(now):
-            return True
-        self.end(Ending.FENCED, now)
-        return False
-
-    def renew_failed(self, now: float) -> RenewStep:
-        """An error or a timeout: the outcome is unknown. Retry after a quarter
-        heartbeat while the fence deadline is ahead."""
-        if not self.may_handle(now):
-            self.end(Ending.FENCED, now)
-            return RenewStep.FENCE
-        self.next_renew = now + self.timing.heartbeat / 4
-        return RenewStep.CONTINUE
+    # --- the session ------------------------------------------------------------------
 
     def renewed(self, sent_at: float) -> float | None:
-        """A renew sent at ``sent_at`` landed: the lease is proven until
-        ``sent_at + fence_after``. Returns the new deadline of the call in flight
-        when it moved (never once the connection is ending), else None."""
-        self.next_renew = sent_at + self.timing.heartbeat
+        """A session renew sent at ``sent_at`` landed: handling is proven safe until
+        ``sent_at + fence_after``. Returns the new deadline of the call in flight when
+        it moved (never once the connection is ending), else None."""
         deadline = lease_rules.fence_deadline(sent_at, self.timing)
         if deadline <= self.deadline:
             return None
         self.deadline = deadline
         return None if self.stopping else deadline
-
-    def renew_refused(self, refusal: RenewRefusal, sent_at: float, now: float) -> RenewStep:
-        self.next_renew = sent_at + self.timing.heartbeat
-        if refusal.keeps_lease:
-            return RenewStep.CONTINUE
-        self.end(REFUSAL_ENDINGS[refusal], now)
-        return RenewStep.END

@@ -1,6 +1,7 @@
-"""The worker process: wires the start path, the reconciler and one runner per owned
-connection, and shuts down in order (stop taking work, release with final
-checkpoints, send ``reassign`` hints)."""
+"""The worker process: opens its session and keeps it renewed, wires the start path,
+the reconciler, the checkpoint pages and one runner per owned connection, and shuts
+down in order (stop taking work, release with final checkpoints, send ``reassign``
+hints, then retire the session)."""
 
 from __future__ import annotations
 
@@ -21,11 +22,18 @@ from worker.connection_state import Ending
 from worker.delivery import Handler
 from worker.metrics import FleetMetrics
 from worker.reconciler import Reconciler
+from worker.session import SessionEvents, SessionKeeper
 from worker.start_queue import StartConsumer, StartQueue
 from worker.upstream_protocol import UpstreamProtocol
+from wsfleet import lease_rules, session_rules
 from wsfleet import metric_names as m
-from wsfleet.lease_rules import AcquireRefusal, Lease
+from wsfleet.backoff import backoff_delays
+from wsfleet.checkpoint_page import CheckpointPage
+from wsfleet.item import ConnectionItem
+from wsfleet.lease_rules import AcquireRefusal, Lease, TakeoverStep
 from wsfleet.lease_store import LeaseStore
+from wsfleet.session_rules import SessionItem
+from wsfleet.session_store import SessionStore
 from wsfleet.start_messages import REASSIGN, StartMessage
 
 if TYPE_CHECKING:
@@ -38,9 +46,15 @@ _REFUSALS = {
     AcquireRefusal.STOPPED: AcquireResult.STOPPED,
     AcquireRefusal.PARKED: AcquireResult.PARKED,
     AcquireRefusal.UNKNOWN_ID: AcquireResult.UNKNOWN_ID,
+    TakeoverStep.GONE: AcquireResult.HELD,
+    TakeoverStep.CLEAR: AcquireResult.STOPPED,
+    TakeoverStep.RETRY: AcquireResult.HELD,
 }
 
 HEALTH_STAMP_SECONDS = 1.0
+RELEASED_RECENTLY_SECONDS = 5.0
+"""A connection released this long ago may still show as ours in the eventually
+consistent ``by-owner`` index: not a stray."""
 
 
 def wall_clock_ms() -> int:
@@ -50,6 +64,10 @@ def wall_clock_ms() -> int:
 @dataclass(frozen=True, slots=True)
 class WorkerDeps:
     store: LeaseStore
+    sessions: SessionStore
+    """Session listing, reaps, pages (on the shared executor)."""
+    renewals: SessionStore
+    """The session renew's own store: its own client, one short attempt per request."""
     sqs: SQSClient
     handler: Handler
     protocol: UpstreamProtocol
@@ -61,13 +79,26 @@ class Worker:
     def __init__(self, config: WorkerConfig, deps: WorkerDeps) -> None:
         self.config = config
         self._store = deps.store
+        self._sessions = deps.sessions
+        self._renewals = deps.renewals
         self._wall_ms = deps.wall_ms
         rng = deps.rng or random.Random()
+        self._rng = rng
+        self.worker_id = config.worker_id
         self.capacity = Capacity(config.max_connections)
         self._runners: dict[str, ConnectionRunner] = {}
         self._acquiring: dict[str, asyncio.Task[AcquireResult]] = {}
         self._owning: set[asyncio.Task[None]] = set()
+        self._released: dict[str, float] = {}
         self._closing = False
+        self._session_gen = 0
+        self._deadline = 0.0
+        """The session's fence deadline (loop time): no handler call at or after it."""
+        self._keeper: SessionKeeper | None = None
+        self._last_renew_sent: float | None = None
+        self._opening: asyncio.Task[None] | None = None
+        self._notices_in_progress: set[str] = set()
+        self._page_written: dict[str, tuple[int, int, int]] = {}
         self.metrics = FleetMetrics(
             namespace=config.metrics_namespace,
             service=config.service_name,
@@ -98,9 +129,9 @@ class Worker:
         )
         self.reconciler = Reconciler(
             store=deps.store,
+            sessions=deps.sessions,
+            owner=self,
             capacity=self.capacity,
-            acquire=self.acquire,
-            is_mine=self.holds,
             metrics=self.metrics,
             wall_ms=deps.wall_ms,
             rng=rng,
@@ -115,8 +146,74 @@ class Worker:
         """Connection id -> lease epoch, for every connection this worker runs."""
         return {cid: runner.lease.epoch for cid, runner in self._runners.items()}
 
+    @property
+    def session_gen(self) -> int:
+        """The generation of the open session (0 while none is open)."""
+        return self._session_gen
+
+    def recently_released(self, connection_id: str) -> bool:
+        released = self._released.get(connection_id)
+        return released is not None and time.monotonic() - released < RELEASED_RECENTLY_SECONDS
+
+    def _session_ready(self) -> bool:
+        """A session is open and was renewed recently enough to take work under it."""
+        now = asyncio.get_running_loop().time()
+        return self._session_gen > 0 and self._deadline - now > self.config.timing.heartbeat
+
     async def acquire(self, connection_id: str) -> AcquireResult:
-        """Try to take ``connection_id``; at most one attempt per id is in flight.
+        """Try to take ``connection_id`` (free, from a start hint or the unowned index)."""
+        gen = self._session_gen
+        return await self._take(
+            connection_id,
+            lambda: self._store.acquire(connection_id, self.worker_id, gen, self._wall_ms()),
+        )
+
+    async def take_over(
+        self, seen: ConnectionItem, session: SessionItem, page: CheckpointPage | None
+    ) -> AcquireResult:
+        """Take a STARTED connection of a DEAD session, resuming from its page."""
+        gen = self._session_gen
+
+        def attempt() -> Lease | AcquireRefusal | TakeoverStep:
+            now_ms = self._wall_ms()
+            return self._store.take_over(
+                seen,
+                self.worker_id,
+                gen,
+                page,
+                now_ms,
+                latency_ms=session_rules.takeover_latency_ms(session, now_ms),
+            )
+
+        return await self._take(seen.connection_id, attempt)
+
+    async def release_stray(self, seen: ConnectionItem) -> None:
+        """Release a connection this session owns but does not run."""
+        lease = Lease(
+            connection_id=seen.connection_id,
+            owner=self.worker_id,
+            epoch=seen.lease_epoch,
+            start_gen=seen.start_gen,
+            ws_url=seen.ws_url,
+            last_seq=seen.last_seq,
+            session_gen=self._session_gen,
+            seq_gen=seen.seq_gen,
+        )
+        loop = asyncio.get_running_loop()
+        self._released[seen.connection_id] = time.monotonic()
+        released = await loop.run_in_executor(
+            None, self._store.release, lease, seen.last_seq, self._wall_ms()
+        )
+        if released.released:
+            self.metrics.count(m.LEASES_RELEASED)
+
+    async def _take(
+        self,
+        connection_id: str,
+        attempt: Callable[[], Lease | AcquireRefusal | TakeoverStep],
+    ) -> AcquireResult:
+        """Take ``connection_id`` with ``attempt`` (an acquire or a takeover); at most
+        one attempt per id is in flight.
 
         The attempt runs as its own task and callers wait on it shielded: a caller
         cancelled at shutdown must not abandon a lease that the write just won.
@@ -125,26 +222,35 @@ class Worker:
             return AcquireResult.CLOSING
         if self.holds(connection_id):
             return AcquireResult.ALREADY_MINE
+        if not self._session_ready():
+            return AcquireResult.NO_SESSION
         if not self.capacity.try_reserve():
             return AcquireResult.NO_CAPACITY
-        task = asyncio.create_task(self._acquire(connection_id), name=f"acquire:{connection_id}")
+        task = asyncio.create_task(
+            self._attempt(connection_id, attempt), name=f"acquire:{connection_id}"
+        )
         self._acquiring[connection_id] = task
         task.add_done_callback(lambda _: self._acquiring.pop(connection_id, None))
         return await asyncio.shield(task)
 
-    async def _acquire(self, connection_id: str) -> AcquireResult:
+    async def _attempt(
+        self,
+        connection_id: str,
+        attempt: Callable[[], Lease | AcquireRefusal | TakeoverStep],
+    ) -> AcquireResult:
         loop = asyncio.get_running_loop()
-        sent_at = loop.time()
         try:
-            result = await loop.run_in_executor(
-                None, self._store.acquire, connection_id, self.config.worker_id, self._wall_ms()
-            )
+            result = await loop.run_in_executor(None, attempt)
         except BaseException:
             await self.capacity.release()
             raise
         if not isinstance(result, Lease):
             await self.capacity.release()
             return _REFUSALS[result]
+        if result.session_gen != self._session_gen:
+            # Taken under a session that was reaped meanwhile: its sweepers move it.
+            await self.capacity.release()
+            return AcquireResult.HELD
         self.metrics.count(m.LEASES_ACQUIRED)
         if result.takeover_latency_ms is not None:
             self.metrics.takeover_latency(result.takeover_latency_ms)
@@ -158,7 +264,7 @@ class Worker:
                 "failing_since_ms": result.failing_since_ms,
             },
         )
-        runner = ConnectionRunner(self._settings, result, sent_at)
+        runner = ConnectionRunner(self._settings, result, self._deadline)
         self._runners[connection_id] = runner
         task = asyncio.create_task(self._own(runner), name=f"own:{connection_id}")
         self._owning.add(task)
@@ -174,6 +280,7 @@ class Worker:
             outcome = None
         finally:
             del self._runners[connection_id]
+            self._released[connection_id] = time.monotonic()
             await self.capacity.release()
         if outcome is not None and outcome.released:
             await self._after_release(connection_id, outcome)
@@ -204,6 +311,179 @@ class Worker:
                 extra={"connection_id": connection_id, "error": repr(error)},
             )
 
+    # --- the session -------------------------------------------------------------------
+
+    async def open_session(self) -> None:
+        """Open a new session (the next generation) and start renewing it; retries
+        errors with backoff until it is open or the worker closes."""
+        loop = asyncio.get_running_loop()
+        timing = self.config.timing
+        delays = backoff_delays(initial=0.1, maximum=timing.heartbeat, rng=self._rng.random)
+        gen = self._session_gen
+        while not self._closing:
+            gen += 1
+            sent_at = loop.time()
+            try:
+                opened = await loop.run_in_executor(
+                    None,
+                    self._sessions.open,
+                    self.worker_id,
+                    gen,
+                    self._wall_ms(),
+                    self.config.max_connections,
+                )
+            except Exception as error:
+                # Unknown outcome: the next generation is always fresh.
+                log.warning("could not open a session", extra={"error": repr(error)})
+                await asyncio.sleep(next(delays))
+                continue
+            if not opened:
+                continue
+            self._session_gen = gen
+            self._deadline = lease_rules.fence_deadline(sent_at, timing)
+            self._last_renew_sent = sent_at
+            self._keeper = SessionKeeper(
+                self._renewals,
+                self.worker_id,
+                gen,
+                loop,
+                SessionEvents(self._renewed, self._renew_failed, self._reaped),
+                wall_ms=self._wall_ms,
+                connections=lambda: len(self._runners),
+                capacity=lambda: 0 if self._closing else self.config.max_connections,
+                first_renew_at=sent_at + timing.heartbeat,
+            )
+            self._keeper.start()
+            self._page_written = {}
+            log.info("session opened", extra={"session_gen": gen})
+            return
+
+    def _renewed(self, gen: int, sent_at: float, lateness: float, notices: frozenset[str]) -> None:
+        if gen != self._session_gen:
+            return
+        now = asyncio.get_running_loop().time()
+        gap = None if self._last_renew_sent is None else sent_at - self._last_renew_sent
+        self._last_renew_sent = sent_at
+        self.metrics.renew_lateness(lateness)
+        self.metrics.session_renewed(gap, self._deadline - now)
+        self._deadline = max(
+            self._deadline, lease_rules.fence_deadline(sent_at, self.config.timing)
+        )
+        for runner in self._runners.values():
+            runner.session_renewed(sent_at)
+        fresh = set(notices) - self._notices_in_progress
+        if fresh:
+            self._notices_in_progress |= fresh
+            task = asyncio.create_task(self._act_on_notices(fresh), name="notices")
+            self._owning.add(task)
+            task.add_done_callback(self._owning.discard)
+
+    def _renew_failed(self, gen: int, lateness: float) -> None:
+        if gen == self._session_gen:
+            self.metrics.count(m.RENEW_FAILURES)
+            self.metrics.renew_lateness(lateness)
+
+    def _reaped(self, gen: int) -> None:
+        """The session is DEAD: every connection of it is lost (others take them over
+        from the last page). Open a new session and go on."""
+        if gen != self._session_gen:
+            return
+        self.metrics.count(m.RENEW_FAILURES)
+        log.error(
+            "session reaped: its connections are lost",
+            extra={"session_gen": gen, "connections": len(self._runners)},
+        )
+        for runner in list(self._runners.values()):
+            if runner.lease.session_gen == gen:
+                runner.stop(Ending.LOST)
+        self._keeper = None
+        if not self._closing and (self._opening is None or self._opening.done()):
+            self._opening = asyncio.create_task(self.open_session(), name="open-session")
+
+    async def _act_on_notices(self, tokens: set[str]) -> None:
+        """The router stopped or restarted some of this session's connections: read
+        each named item strongly and end its runner accordingly; the next renew
+        removes the notices acted on."""
+        acted: set[str] = set()
+        try:
+            for token in tokens:
+                if await self._recheck(session_rules.notice_connection_id(token)):
+                    acted.add(token)
+        finally:
+            self._notices_in_progress -= tokens
+            if self._keeper is not None and acted:
+                self._keeper.acted_on(acted)
+
+    async def recheck_changed(self, seen: list[ConnectionItem]) -> None:
+        """Entries of this session's ``by-owner`` listing whose desired state or
+        ``start_gen`` differ from what the runner was started with: a stop or a restart
+        whose notice never arrived (the router failed between its two writes). Each is
+        read strongly and acted on like a notice."""
+        for item in seen:
+            runner = self._runners.get(item.connection_id)
+            if runner is None or (item.started and item.start_gen == runner.lease.start_gen):
+                continue
+            log.warning(
+                "owned connection changed without a notice; checking it",
+                extra={"connection_id": item.connection_id},
+            )
+            await self._recheck(item.connection_id)
+
+    async def _recheck(self, connection_id: str) -> bool:
+        """Read one connection strongly and end its runner if it was stopped, started
+        again, deleted or lost; False when it could not be decided now."""
+        if connection_id in self._acquiring:
+            return False  # decided by the acquire's own answer; look again later
+        runner = self._runners.get(connection_id)
+        if runner is None:
+            return True
+        loop = asyncio.get_running_loop()
+        try:
+            item = await loop.run_in_executor(None, self._store.get, connection_id)
+        except Exception as error:
+            log.warning(
+                "could not read a noticed connection",
+                extra={"connection_id": connection_id, "error": repr(error)},
+            )
+            return False
+        ending = _notice_ending(item, runner.lease)
+        if ending is not None:
+            log.info(
+                "connection noticed as changed",
+                extra={"connection_id": connection_id, "ending": ending.value},
+            )
+            runner.stop(ending)
+        return True
+
+    async def _write_pages(self) -> None:
+        """Every ``CHECKPOINT_SECONDS``, the checkpoint of every connection of the
+        session in one item (only when something changed since the last one)."""
+        while True:
+            await asyncio.sleep(self.config.timing.checkpoint)
+            try:
+                await self.write_page()
+            except Exception as error:
+                log.warning("checkpoint page write failed", extra={"error": repr(error)})
+
+    async def write_page(self) -> bool:
+        """Write the session's page now; False when there was nothing new."""
+        loop = asyncio.get_running_loop()
+        gen = self._session_gen
+        now, now_ms = loop.time(), self._wall_ms()
+        entries = {
+            cid: runner.page_entry(now, now_ms)
+            for cid, runner in self._runners.items()
+            if runner.lease.session_gen == gen
+        }
+        checkpoints = {cid: (e.epoch, e.seq_gen, e.seq) for cid, e in entries.items()}
+        if gen == 0 or checkpoints == self._page_written:
+            return False
+        await loop.run_in_executor(
+            None, self._sessions.write_page, self.worker_id, gen, entries, now_ms
+        )
+        self._page_written = checkpoints
+        return True
+
     # --- lifecycle ---------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -216,18 +496,23 @@ class Worker:
                 "lease_seconds": self.config.timing.lease,
             },
         )
+        health = asyncio.create_task(self._stamp_health(), name="health")
+        opening = asyncio.create_task(self.open_session(), name="open-session")
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait([opening, stopped], return_when=asyncio.FIRST_COMPLETED)
         loops = [
+            health,
             asyncio.create_task(self.consumer.run(), name="start-queue"),
             asyncio.create_task(self.reconciler.run(), name="reconciler"),
-            asyncio.create_task(self._stamp_health(), name="health"),
+            asyncio.create_task(self._write_pages(), name="pages"),
             asyncio.create_task(self._flush_metrics(), name="metrics"),
         ]
-        stopped = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait([stopped, *loops], return_when=asyncio.FIRST_COMPLETED)
         for task in done - {stopped}:
             # The loops never return; one that did has crashed.
             log.error("worker loop ended unexpectedly", extra={"loop": task.get_name()})
         stopped.cancel()
+        opening.cancel()
         await self.shutdown(loops)
 
     async def shutdown(self, loops: list[asyncio.Task[None]]) -> None:
@@ -244,6 +529,7 @@ class Worker:
             runner.stop(Ending.SHUTDOWN)
         await self._wait_for_connections()
         handed_back = await drained
+        await self._retire_session()
         self._flush_and_log()
         log.info(
             "worker stopped",
@@ -253,6 +539,24 @@ class Worker:
                 "seconds": round(time.monotonic() - started, 3),
             },
         )
+
+    async def _retire_session(self) -> None:
+        """After the last release: stop renewing and mark the session DEAD, so others
+        need not wait for it to lapse (its sweepers find nothing and forget it)."""
+        keeper, gen = self._keeper, self._session_gen
+        if keeper is None:
+            return
+        keeper.stop()
+        self._keeper = None
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(
+                None, self._sessions.retire, self.worker_id, gen, self._wall_ms()
+            )
+        except Exception as error:
+            # It then lapses and is reaped like a crashed one; nothing is left in it.
+            log.warning("could not retire the session", extra={"error": repr(error)})
+        await loop.run_in_executor(None, keeper.join, self.config.timing.heartbeat)
 
     async def _wait_for_connections(self) -> None:
         """Every runner drains (bounded by its fence deadline) and releases (bounded
@@ -290,6 +594,7 @@ class Worker:
 
     def _flush_and_log(self) -> None:
         lateness = self.metrics.lateness_summary()
+        session = self.metrics.session_summary()
         counts = self.metrics.snapshot()
         try:
             self.metrics.flush(self._wall_ms())
@@ -302,6 +607,21 @@ class Worker:
                 "active_connections": len(self._runners),
                 "free_slots": self.capacity.free,
                 "messages_processed": counts[m.MESSAGES_PROCESSED],
+                "session_gen": self._session_gen,
                 "renew_lateness": lateness,
+                "session_renews": session,
             },
         )
+
+
+def _notice_ending(item: ConnectionItem | None, lease: Lease) -> Ending | None:
+    """How a connection named in a notice ends, from its item read strongly."""
+    if item is None:
+        return Ending.GONE
+    if item.lease_owner != lease.owner or item.lease_epoch != lease.epoch:
+        return Ending.LOST
+    if not item.started:
+        return Ending.STOPPED
+    if item.start_gen != lease.start_gen:
+        return Ending.RESTARTED
+    return None

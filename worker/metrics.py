@@ -47,6 +47,8 @@ class FleetMetrics:
         self._counts = dict.fromkeys(m.COUNTERS, 0)
         self._takeover_latencies: list[float] = []
         self._renew_lateness: list[float] = []
+        self._renew_gaps: list[float] = []
+        self._renew_slacks: list[float] = []
 
     def count(self, name: str, value: int = 1) -> None:
         self._counts[name] += value
@@ -58,21 +60,39 @@ class FleetMetrics:
         """How late a renew was sent against its schedule (event loop lag)."""
         self._renew_lateness.append(max(0.0, seconds))
 
+    def session_renewed(self, gap: float | None, slack: float) -> None:
+        """A session renew landed ``gap`` seconds after the previous one was sent, with
+        ``slack`` seconds left before the fence deadline it replaced."""
+        if gap is not None:
+            self._renew_gaps.append(gap)
+        self._renew_slacks.append(slack)
+
+    def session_summary(self) -> dict[str, float | int]:
+        """Gaps between successful session renews (p50, p99, max, in ms) and the
+        smallest slack to the fence deadline of this period (logged, not published)."""
+        gaps = sorted(self._renew_gaps)
+        summary: dict[str, float | int] = {"renews_landed": len(self._renew_slacks)}
+        if gaps:
+            summary |= {
+                "gap_p50_ms": _pick(gaps, 0.5),
+                "gap_p99_ms": _pick(gaps, 0.99),
+                "gap_max_ms": _pick(gaps, 1.0),
+            }
+        if self._renew_slacks:
+            summary["min_slack_ms"] = round(1000 * min(self._renew_slacks), 1)
+        return summary
+
     def lateness_summary(self) -> dict[str, float | int]:
         """Renew lateness of this period in ms: count, p50, p99, max (not published
         as a metric; logged with each flush for operators and benchmarks)."""
         values = sorted(self._renew_lateness)
         if not values:
             return {"renews": 0}
-
-        def pick(q: float) -> float:
-            return round(1000 * values[min(len(values) - 1, int(q * len(values)))], 1)
-
         return {
             "renews": len(values),
-            "p50_ms": pick(0.5),
-            "p99_ms": pick(0.99),
-            "max_ms": pick(1.0),
+            "p50_ms": _pick(values, 0.5),
+            "p99_ms": _pick(values, 0.99),
+            "max_ms": _pick(values, 1.0),
         }
 
     def snapshot(self) -> dict[str, int]:
@@ -100,6 +120,8 @@ class FleetMetrics:
         self._counts = dict.fromkeys(m.COUNTERS, 0)
         self._takeover_latencies = []
         self._renew_lateness = []
+        self._renew_gaps = []
+        self._renew_slacks = []
         out = self._out or sys.stdout
         out.write("".join(json.dumps(doc, separators=(",", ":")) + "\n" for doc in documents))
         out.flush()
@@ -124,3 +146,8 @@ class FleetMetrics:
             return dict(emf.serialize_metric_set())
         finally:
             emf.clear_metrics()
+
+
+def _pick(ordered: list[float], q: float) -> float:
+    """The ``q`` quantile of sorted seconds, in ms."""
+    return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)

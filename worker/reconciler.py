@@ -1,24 +1,76 @@
-"""Every reconcile interval (jittered +-20%), find orphans through the GSI and try
-to take them in random order, up to the worker's free capacity."""
+"""Every reconcile interval (jittered +-20%), one pass over the table:
+
+1. **Sessions.** List every session (a Query per session item collection, no index).
+   Reap each lapsed one (mark it DEAD, once, finally), and sweep each DEAD one: take
+   over its STARTED connections (the reaper at once, from the front of the sorted ids,
+   up to its capacity; others a heartbeat later, from the back, only the excess beyond
+   the reaper's room, and anything once a lease has passed since the reap), clear the
+   owner of its STOPPED ones, and forget the session and its page once nothing has
+   been seen under it for a full lease.
+2. **Own connections.** Compare this session's ``by-owner`` entries with what the
+   worker runs, and release the difference (an acquire whose reply was lost must not
+   leave a connection held by a live session and run by nobody); an entry stopped or
+   started again under a runner that got no notice of it is read and acted on.
+3. **Free connections.** Query two shards of the sparse ``unowned`` index (all of
+   them every four passes; every one of them while another worker drains) and try to
+   acquire what they hold, in random order, up to the worker's free capacity.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Protocol, TypeVar
 
 from worker.acquire_result import AcquireResult
 from worker.capacity import Capacity
 from worker.metrics import FleetMetrics
 from wsfleet import metric_names as m
+from wsfleet import schema, session_rules
 from wsfleet.backoff import jittered
+from wsfleet.checkpoint_page import CheckpointPage
+from wsfleet.item import ConnectionItem
 from wsfleet.lease_store import LeaseStore
+from wsfleet.session_rules import SessionItem
+from wsfleet.session_store import SessionStore
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
-MAX_ORPHANS_PER_PASS = 1000
-PARALLEL_ACQUIRES = 8
+MAX_FREE_PER_PASS = 1000
+PARALLEL_TAKES = 16
+UNOWNED_SHARDS_PER_PASS = 2
+
+
+class Owner(Protocol):
+    """What the reconciler needs of the worker."""
+
+    worker_id: str
+
+    @property
+    def session_gen(self) -> int: ...
+
+    def holds(self, connection_id: str) -> bool: ...
+
+    def recently_released(self, connection_id: str) -> bool: ...
+
+    async def acquire(self, connection_id: str) -> AcquireResult: ...
+
+    async def take_over(
+        self, seen: ConnectionItem, session: SessionItem, page: CheckpointPage | None
+    ) -> AcquireResult: ...
+
+    async def release_stray(self, seen: ConnectionItem) -> None: ...
+
+    async def recheck_changed(self, seen: list[ConnectionItem]) -> None: ...
+
+
+@dataclass
+class _DeadSession:
+    last_entries_seen_ms: int
 
 
 class Reconciler:
@@ -26,20 +78,22 @@ class Reconciler:
         self,
         *,
         store: LeaseStore,
+        sessions: SessionStore,
+        owner: Owner,
         capacity: Capacity,
-        acquire: Callable[[str], Awaitable[AcquireResult]],
-        is_mine: Callable[[str], bool],
         metrics: FleetMetrics,
         wall_ms: Callable[[], int],
         rng: random.Random,
     ) -> None:
         self._store = store
+        self._sessions = sessions
+        self._owner = owner
         self._capacity = capacity
-        self._acquire = acquire
-        self._is_mine = is_mine
         self._metrics = metrics
         self._wall_ms = wall_ms
         self._rng = rng
+        self._dead: dict[tuple[str, int], _DeadSession] = {}
+        self._next_shard = rng.randrange(schema.UNOWNED_SHARDS)
 
     async def run(self) -> None:
         interval = self._store.timing.reconcile
@@ -51,38 +105,184 @@ class Reconciler:
             await asyncio.sleep(jittered(interval, 0.2, self._rng.random))
 
     async def reconcile_once(self) -> list[str]:
-        """One pass; returns the ids this worker took."""
+        """One pass; returns the ids this worker took (by takeover or acquire)."""
+        if self._owner.session_gen == 0:
+            return []
+        taken, draining = await self.sweep_sessions()
+        await self.release_strays()
+        taken += await self.take_free(every_shard=draining)
+        return taken
+
+    # --- 1. sessions -----------------------------------------------------------------
+
+    async def sweep_sessions(self) -> tuple[list[str], bool]:
+        """Reap and sweep; also says whether another live session is draining (a
+        graceful shutdown publishes capacity 0 until its last release), in which case
+        this pass looks for free connections in every shard, not only two."""
+        sessions = await self._call(self._sessions.list_sessions)
+        mine = (self._owner.worker_id, self._owner.session_gen)
+        taken: list[str] = []
+        listed = set()
+        draining = False
+        for session in sessions:
+            listed.add(session.key)
+            if session.key == mine:
+                continue
+            now_ms = self._wall_ms()
+            if session.alive and session.capacity == 0:
+                draining = True
+            if session_rules.is_lapsed(session, now_ms, self._store.timing):
+                me = self._owner.worker_id
+                if not await self._call(self._sessions.reap, session, me, now_ms):
+                    continue  # another worker reaped it (or it was renewed): next pass
+                self._metrics.count(m.SESSIONS_REAPED)
+                log.warning(
+                    "session reaped",
+                    extra={
+                        "session_worker": session.worker_id,
+                        "session_gen": session.session_gen,
+                        "lapsed_ms": now_ms - session.expires_at_ms,
+                    },
+                )
+                session = replace(
+                    session,
+                    state=schema.DEAD,
+                    reaped_at_ms=now_ms,
+                    reaped_by=self._owner.worker_id,
+                )
+            if not session.alive:
+                taken += await self._sweep(session, sessions)
+        for key in set(self._dead) - listed:
+            del self._dead[key]
+        return taken, draining
+
+    async def _sweep(self, session: SessionItem, sessions: list[SessionItem]) -> list[str]:
+        timing = self._store.timing
+        now_ms = self._wall_ms()
+        grace_ms = round(timing.heartbeat * 1000)
+        me = self._owner.worker_id
+        if not session_rules.may_sweep(session, me, now_ms, grace_ms):
+            return []
+        entries = await self._call(self._store.owned_by, session.worker_id, session.session_gen)
+        seen = self._dead.setdefault(session.key, _DeadSession(now_ms))
+        if not entries:
+            if session_rules.may_forget(seen.last_entries_seen_ms, now_ms, timing):
+                if await self._call(self._sessions.forget, session):
+                    log.info(
+                        "dead session forgotten",
+                        extra={
+                            "session_worker": session.worker_id,
+                            "session_gen": session.session_gen,
+                        },
+                    )
+                self._dead.pop(session.key, None)
+            return []
+        seen.last_entries_seen_ms = now_ms
+        for item in entries:
+            if not item.started:
+                await self._call(self._store.clear_dead_owner, item, now_ms)
+        started = {item.connection_id: item for item in entries if item.started and not item.parked}
+        reaper = session.reaped_by == me
+        fallback = (session.reaped_at_ms or 0) + timing.lease_ms
+        room = (
+            None if now_ms >= fallback else session_rules.reaper_room(sessions, session.reaped_by)
+        )
+        share = session_rules.takeover_share(
+            sorted(started), reaper=reaper, reaper_room=room, free=self._capacity.free
+        )
+        if not share:
+            return []
+        page = await self._call(self._sessions.read_page, session.worker_id, session.session_gen)
+        conflicts_before = self._store.takeover_conflicts
+        taken = await self._take_each(
+            share, started, lambda cid, items: self._owner.take_over(items[cid], session, page)
+        )
+        log.info(
+            "dead session swept",
+            extra={
+                "session_worker": session.worker_id,
+                "session_gen": session.session_gen,
+                "entries": len(started),
+                "share": len(share),
+                "taken": len(taken),
+                "reaper": reaper,
+                "failed_conditional_writes": self._store.takeover_conflicts - conflicts_before,
+                "page_entries": 0 if page is None else len(page.entries),
+            },
+        )
+        return taken
+
+    # --- 2. own connections --------------------------------------------------------------
+
+    async def release_strays(self) -> None:
+        entries = await self._call(
+            self._store.owned_by, self._owner.worker_id, self._owner.session_gen
+        )
+        await self._owner.recheck_changed(entries)
+        for item in entries:
+            cid = item.connection_id
+            if self._owner.holds(cid) or self._owner.recently_released(cid):
+                continue
+            log.warning(
+                "owned by this session but not running: releasing it",
+                extra={"connection_id": cid, "epoch": item.lease_epoch},
+            )
+            await self._owner.release_stray(item)
+
+    # --- 3. free connections -------------------------------------------------------------
+
+    async def take_free(self, *, every_shard: bool = False) -> list[str]:
         free = self._capacity.free
         if free <= 0:
             return []
-        limit = min(MAX_ORPHANS_PER_PASS, 2 * free + 8)
-        found = await asyncio.get_running_loop().run_in_executor(
-            None, self._store.find_orphans, self._wall_ms(), limit
-        )
-        orphans = [cid for cid in found if not self._is_mine(cid)]
-        if not orphans:
+        shards = schema.free_shards()
+        if every_shard:
+            picked = list(shards)
+        else:
+            picked = [
+                shards[(self._next_shard + n) % len(shards)] for n in range(UNOWNED_SHARDS_PER_PASS)
+            ]
+            self._next_shard = (self._next_shard + UNOWNED_SHARDS_PER_PASS) % len(shards)
+        limit = min(MAX_FREE_PER_PASS, 2 * free + 8)
+        found = await self._call(self._store.find_unowned, picked, limit)
+        free_ids = [cid for cid in found if not self._owner.holds(cid)]
+        if not free_ids:
             return []
-        self._metrics.count(m.ORPHANS_FOUND, len(orphans))
-        self._rng.shuffle(orphans)
-        gate = asyncio.Semaphore(PARALLEL_ACQUIRES)
-        taken: list[str] = []
+        self._metrics.count(m.ORPHANS_FOUND, len(free_ids))
+        self._rng.shuffle(free_ids)
+        return await self._take_each(free_ids, None, lambda cid, _: self._owner.acquire(cid))
 
-        async def take(connection_id: str) -> None:
+    # --- plumbing ------------------------------------------------------------------------
+
+    async def _take_each(
+        self,
+        ids: Iterable[str],
+        context: dict[str, ConnectionItem] | None,
+        take: Callable[[str, dict[str, ConnectionItem]], Awaitable[AcquireResult]],
+    ) -> list[str]:
+        gate = asyncio.Semaphore(PARALLEL_TAKES)
+        taken: list[str] = []
+        items = context or {}
+
+        async def one(connection_id: str) -> None:
             async with gate:
                 if self._capacity.free <= 0:
                     return
                 try:
-                    result = await self._acquire(connection_id)
+                    result = await take(connection_id, items)
                 except Exception as error:
                     log.warning(
-                        "acquire of an orphan failed",
+                        "taking a connection failed",
                         extra={"connection_id": connection_id, "error": repr(error)},
                     )
                     return
                 if result is AcquireResult.WON:
                     taken.append(connection_id)
 
-        await asyncio.gather(*(take(cid) for cid in orphans))
+        await asyncio.gather(*(one(cid) for cid in ids))
         if taken:
-            log.info("orphans taken", extra={"found": len(orphans), "taken": len(taken)})
+            log.info("connections taken", extra={"taken": len(taken)})
         return taken
+
+    async def _call(self, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)

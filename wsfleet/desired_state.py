@@ -8,11 +8,14 @@ cannot both believe they created the connection.
 from __future__ import annotations
 
 import enum
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from wsfleet import schema
+from botocore.exceptions import ClientError
+
+from wsfleet import schema, session_rules
 from wsfleet.item import ConnectionItem, to_attribute
 from wsfleet.item_io import ConditionFailedError, update_connection
 
@@ -56,7 +59,8 @@ _START_NAMES = {
     "#pk": schema.PARTITION_KEY,
     "#state": schema.DESIRED_STATE,
     "#url": schema.WS_URL,
-    "#expiry": schema.LEASE_EXPIRES_AT_MS,
+    "#owner": schema.LEASE_OWNER,
+    "#free": schema.FREE_SHARD,
     "#epoch": schema.LEASE_EPOCH,
     "#seq": schema.LAST_SEQ,
     "#gen": schema.START_GEN,
@@ -76,7 +80,9 @@ def start_update(
     *,
     url_changed: bool,
     rearm: bool = False,
+    owned: bool = False,
     metadata: Mapping[str, Any] | None = None,
+    connection_id: str,
 ) -> dict[str, Any]:
     """The conditional write of a start.
 
@@ -86,12 +92,16 @@ def start_update(
     ``last_seq`` goes back to 0 and ``seq_gen`` goes up by one (a final checkpoint of
     the old stream, released late, must not land on the new one).
 
-    ``rearm=True``: the item is parked (docs/DESIGN.md §3.3.1), whatever its desired
+    ``rearm=True``: the item is parked (docs/DESIGN.md §3.7), whatever its desired
     state; the start re-arms it with the same two URL variants, removes the parked
-    and failing marks and puts the expiry back to 0, so the orphan query and the
-    acquire see it again. A parked item has no owner (the park released the lease and
-    nobody may take it), so resetting the expiry cannot cut a live lease short. The
-    other variants refuse a parked item, so only this one ever re-arms it.
+    and failing marks and puts it back into the unowned index, so the acquire sees it
+    again. A parked item has no owner (the park released it and nobody may take it).
+    The other variants refuse a parked item, so only this one ever re-arms it.
+
+    ``owned=False``: the item has no owner, so the start puts it into the sparse
+    ``unowned`` index (``free_shard``) in the same write, and the write requires that.
+    ``owned=True``: a STOPPED item whose owner has not yet let go; the owner is told
+    (a notice on its session) and takes it again itself.
     """
     values: dict[str, Any] = {
         ":started": schema.STARTED,
@@ -104,7 +114,6 @@ def start_update(
     sets = [
         "#state = :started",
         "#url = :url",
-        "#expiry = :zero" if rearm else "#expiry = if_not_exists(#expiry, :zero)",
         "#epoch = if_not_exists(#epoch, :zero)",
         "#created = if_not_exists(#created, :now)",
         "#updated = :now",
@@ -117,6 +126,13 @@ def start_update(
     else:
         sets += ["#seq = if_not_exists(#seq, :zero)", "#seqgen = if_not_exists(#seqgen, :zero)"]
     names = dict(_START_NAMES)
+    if owned:
+        del names["#free"]
+        ownership = "attribute_exists(#owner)"
+    else:
+        values[":free"] = schema.free_shard(connection_id)
+        sets.append("#free = :free")
+        ownership = "attribute_not_exists(#owner)"
     if metadata is not None:
         names["#meta"] = schema.METADATA
         values[":meta"] = dict(metadata)
@@ -124,19 +140,27 @@ def start_update(
     if rearm:
         removes += ["#parked", "#parkedat", "#failing"]
         same_url = "#url <> :url" if url_changed else "#url = :url"
-        condition = f"attribute_exists(#parked) AND {same_url}"
+        condition = f"attribute_exists(#parked) AND {same_url} AND {ownership}"
         del names["#pk"]
         del values[":stopped"]
     else:
         del names["#parkedat"], names["#failing"]
         if url_changed:
-            condition = "#state = :stopped AND #url <> :url AND attribute_not_exists(#parked)"
+            condition = (
+                "#state = :stopped AND #url <> :url AND attribute_not_exists(#parked)"
+                f" AND {ownership}"
+            )
             del names["#pk"]
         else:
-            condition = (
-                "attribute_not_exists(#pk)"
-                " OR (#state = :stopped AND #url = :url AND attribute_not_exists(#parked))"
+            restart = (
+                "#state = :stopped AND #url = :url AND attribute_not_exists(#parked)"
+                f" AND {ownership}"
             )
+            if owned:
+                condition = restart
+                del names["#pk"]
+            else:
+                condition = f"attribute_not_exists(#pk) OR ({restart})"
     return {
         "UpdateExpression": (
             f"SET {', '.join(sets)} ADD {', '.join(adds)} REMOVE {', '.join(removes)}"
@@ -153,6 +177,7 @@ class StartVariant:
 
     url_changed: bool = False
     rearm: bool = False
+    owned: bool = False
 
 
 def start_failure(old: ConnectionItem | None, ws_url: str) -> StartOutcome | StartVariant:
@@ -162,10 +187,11 @@ def start_failure(old: ConnectionItem | None, ws_url: str) -> StartOutcome | Sta
     if old is None:
         return StartVariant()
     url_changed = old.ws_url != ws_url
+    owned = old.lease_owner is not None
     if old.parked:
-        return StartVariant(url_changed=url_changed, rearm=True)
+        return StartVariant(url_changed=url_changed, rearm=True, owned=owned)
     if not old.started:
-        return StartVariant(url_changed=url_changed)
+        return StartVariant(url_changed=url_changed, owned=owned)
     return StartOutcome.CONFLICT if url_changed else StartOutcome.ALREADY_STARTED
 
 
@@ -176,10 +202,11 @@ def stop_update(now_ms: int, ttl_seconds: int = STOPPED_TTL_SECONDS) -> dict[str
         ":ttl": now_ms // 1000 + ttl_seconds,
     }
     return {
-        "UpdateExpression": "SET #state = :stopped, #updated = :now, #ttl = :ttl",
+        "UpdateExpression": "SET #state = :stopped, #updated = :now, #ttl = :ttl REMOVE #free",
         "ConditionExpression": "attribute_exists(#pk)",
         "ExpressionAttributeNames": {
             "#pk": schema.PARTITION_KEY,
+            "#free": schema.FREE_SHARD,
             "#state": schema.DESIRED_STATE,
             "#updated": schema.UPDATED_AT_MS,
             "#ttl": schema.EXPIRES_AT,
@@ -214,7 +241,9 @@ class DesiredStateStore:
                 now_ms,
                 url_changed=variant.url_changed,
                 rearm=variant.rearm,
+                owned=variant.owned,
                 metadata=metadata,
+                connection_id=connection_id,
             )
             try:
                 old = self._update(connection_id, update)
@@ -225,15 +254,47 @@ class DesiredStateStore:
                 variant = decided
                 continue
             outcome = StartOutcome.CREATED if old is None else StartOutcome.RESTARTED
+            if old is not None:
+                self._notify_owner(old, "start", now_ms)
             return StartResult(outcome, old)
         raise StartContendedError(f"start of {connection_id} kept racing with other writes")
 
     def stop(self, connection_id: str, now_ms: int) -> StopOutcome:
         try:
-            self._update(connection_id, stop_update(now_ms))
+            new = update_connection(
+                self._client,
+                self._table,
+                connection_id,
+                stop_update(now_ms),
+                return_values="ALL_NEW",
+            )
         except ConditionFailedError:
             return StopOutcome.NOT_FOUND
+        if new is not None:
+            self._notify_owner(new, "stop", now_ms)
         return StopOutcome.STOPPED
+
+    def _notify_owner(self, item: ConnectionItem, what: str, now_ms: int) -> None:
+        """Tell the owning session (from the item this write returned) that its
+        connection was stopped or started again: the owner's next session renew
+        returns the notice, so it acts within a heartbeat without reading all of its
+        connections. Only while the session item exists: a session that is gone has
+        no owner left to tell, and its taker reads the item afresh."""
+        if item.lease_owner is None or item.owner_session_gen is None:
+            return
+        update = session_rules.notice_update(
+            session_rules.notice_token(item.connection_id, what, now_ms, secrets.token_hex(4))
+        )
+        key = schema.session_key(item.lease_owner, item.owner_session_gen)
+        try:
+            self._client.update_item(
+                TableName=self._table,
+                Key={k: to_attribute(v) for k, v in key.items()},
+                **update.as_kwargs(),
+            )
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+                raise
 
     def _update(self, connection_id: str, update: dict[str, Any]) -> ConnectionItem | None:
         return update_connection(

@@ -18,8 +18,11 @@ _KNOWN = {
     schema.PARTITION_KEY,
     schema.DESIRED_STATE,
     schema.WS_URL,
+    schema.SORT_KEY,
     schema.LEASE_OWNER,
-    schema.LEASE_EXPIRES_AT_MS,
+    schema.OWNER_SESSION_GEN,
+    schema.OWNER_KEY,
+    schema.FREE_SHARD,
     schema.LEASE_EPOCH,
     schema.LEASE_TOKEN,
     schema.LAST_SEQ,
@@ -62,7 +65,9 @@ class ConnectionItem:
     desired_state: str
     ws_url: str
     lease_owner: str | None = None
-    lease_expires_at_ms: int = 0
+    owner_session_gen: int | None = None
+    owner_key: str | None = None
+    free_shard: str | None = None
     lease_epoch: int = 0
     lease_token: str | None = None
     last_seq: int = 0
@@ -84,7 +89,9 @@ class ConnectionItem:
             desired_state=str(plain.get(schema.DESIRED_STATE, "")),
             ws_url=str(plain.get(schema.WS_URL, "")),
             lease_owner=plain.get(schema.LEASE_OWNER),
-            lease_expires_at_ms=int(plain.get(schema.LEASE_EXPIRES_AT_MS, 0)),
+            owner_session_gen=_opt_int(plain.get(schema.OWNER_SESSION_GEN)),
+            owner_key=plain.get(schema.OWNER_KEY),
+            free_shard=plain.get(schema.FREE_SHARD),
             lease_epoch=int(plain.get(schema.LEASE_EPOCH, 0)),
             lease_token=plain.get(schema.LEASE_TOKEN),
             last_seq=int(plain.get(schema.LAST_SEQ, 0)),
@@ -105,7 +112,7 @@ class ConnectionItem:
 
     @property
     def parked(self) -> bool:
-        """Its upstream was given up on (docs/DESIGN.md §3.3.1): no worker takes it
+        """Its upstream was given up on (docs/DESIGN.md §3.7): no worker takes it
         until the router re-arms it with a start."""
         return self.parked_reason is not None
 

@@ -26,7 +26,7 @@ class ConditionFailedError(Exception):
 
 
 def item_key(connection_id: str) -> dict[str, Any]:
-    return {schema.PARTITION_KEY: to_attribute(schema.partition_key(connection_id))}
+    return {k: to_attribute(v) for k, v in schema.connection_key(connection_id).items()}
 
 
 def update_connection(
@@ -35,10 +35,10 @@ def update_connection(
     connection_id: str,
     update: Mapping[str, Any],
     *,
-    return_values: Literal["NONE", "ALL_OLD"],
+    return_values: Literal["NONE", "ALL_OLD", "ALL_NEW"],
 ) -> ConnectionItem | None:
     """Run ``update`` (UpdateExpression, ConditionExpression, names, values) and return
-    the old item when ``return_values="ALL_OLD"``; raise :class:`ConditionFailedError`."""
+    the old (or new) item when asked; raise :class:`ConditionFailedError`."""
     try:
         response = client.update_item(
             TableName=table_name,

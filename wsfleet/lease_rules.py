@@ -1,17 +1,16 @@
-"""The lease protocol of docs/DESIGN.md §3 as pure functions.
+"""Ownership of one connection (docs/DESIGN.md §3) as pure functions.
 
-Nothing here reads a clock or touches the network: callers pass ``now`` in and get
-back either the conditional write to make or the decision to take, so every rule
-can be tested with a table of inputs.
+A connection's item is written only when its ownership changes: acquire, takeover,
+release, park. Nothing renews it: the lease lives exactly as long as the owner's
+session (:mod:`wsfleet.session_rules`), whose generation the item names in
+``owner_session_gen``. Nothing here reads a clock or touches the network: callers
+pass ``now`` in and get back the conditional write to make or the decision to take,
+so every rule can be tested with a table of inputs.
 
-Timeline of one lease (wall clock of the writer, ``L`` = lease, ``S`` = skew)::
-
-    t0 acquire/renew sent ... expiry = t0 + L ...... others may take it when
-    |                                                their now - S > expiry
-    |<-- holder may handle until t0 + L - S - margin (fence deadline) -->|
-
-The holder's fence deadline always falls before the earliest moment another
-worker's condition can pass, as long as clocks differ by less than ``S``.
+Index keys move with ownership only: ``owner_key`` (the ``by-owner`` index) is set by
+acquire and takeover and removed by release and park; ``free_shard`` (the sparse
+``unowned`` index) exists exactly while the connection is STARTED, unowned and not
+parked.
 """
 
 from __future__ import annotations
@@ -46,7 +45,9 @@ class ConditionalUpdate:
 _NAMES = {
     "#state": schema.DESIRED_STATE,
     "#owner": schema.LEASE_OWNER,
-    "#expiry": schema.LEASE_EXPIRES_AT_MS,
+    "#sgen": schema.OWNER_SESSION_GEN,
+    "#okey": schema.OWNER_KEY,
+    "#free": schema.FREE_SHARD,
     "#epoch": schema.LEASE_EPOCH,
     "#token": schema.LEASE_TOKEN,
     "#seq": schema.LAST_SEQ,
@@ -70,42 +71,42 @@ def _values(**values: Any) -> dict[str, Any]:
 # --- acquire ---------------------------------------------------------------------------
 
 
-def orphan_cutoff_ms(now_ms: int, timing: LeaseTiming) -> int:
-    """Leases that expired before this instant may be taken: ``now - skew``."""
-    return now_ms - timing.skew_ms
+def _owner_values(connection_id: str, owner: str, session_gen: int) -> dict[str, Any]:
+    return _values(
+        me=owner, mygen=session_gen, okey=schema.owner_key(owner, session_gen, connection_id)
+    )
 
 
-def acquire_update(owner: str, now_ms: int, timing: LeaseTiming, token: str) -> ConditionalUpdate:
-    """Take a STARTED connection whose lease is free or lapsed; the epoch goes up by one.
+_TAKE = "SET #owner = :me, #sgen = :mygen, #okey = :okey, #token = :token, #updated = :now"
 
-    ``token`` is random per acquire attempt (not per SDK retry of it): it is how a
-    failed condition tells "my own attempt had landed" from "I held this before".
-    A parked connection is refused: its lease is free, but its upstream was given up
-    on until the router re-arms it (§3.3.1)."""
+
+def acquire_update(
+    connection_id: str, owner: str, session_gen: int, now_ms: int, token: str
+) -> ConditionalUpdate:
+    """Take a STARTED connection that nobody owns; the epoch goes up by one.
+
+    A connection owned by a session is never acquired, live or dead: a dead session's
+    connections move only by :func:`takeover_update`, after the reap. ``token`` is
+    random per acquire attempt (not per SDK retry of it): it is how a failed
+    condition tells "my own attempt had landed" from "I held this before". A parked
+    connection is refused: nobody takes it until the router re-arms it (§3.7).
+    """
     return ConditionalUpdate(
-        update_expression=(
-            "SET #owner = :me, #token = :token, #expiry = :expiry, #updated = :now ADD #epoch :one"
-        ),
+        update_expression=f"{_TAKE} REMOVE #free ADD #epoch :one",
         condition_expression=(
-            "#state = :started AND attribute_not_exists(#parked) AND (attribute_not_exists(#owner)"
-            " OR attribute_not_exists(#expiry) OR #expiry < :cutoff)"
+            "#state = :started AND attribute_not_exists(#parked) AND attribute_not_exists(#owner)"
         ),
-        names=_names("#state", "#parked", "#owner", "#token", "#expiry", "#epoch", "#updated"),
-        values=_values(
-            me=owner,
-            token=token,
-            expiry=now_ms + timing.lease_ms,
-            now=now_ms,
-            one=1,
-            started=schema.STARTED,
-            cutoff=orphan_cutoff_ms(now_ms, timing),
+        names=_names(
+            "#state", "#parked", "#owner", "#sgen", "#okey", "#token", "#updated", "#free", "#epoch"
         ),
+        values=_owner_values(connection_id, owner, session_gen)
+        | _values(token=token, now=now_ms, one=1, started=schema.STARTED),
     )
 
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """A lease this worker holds, with what it needs to run the connection."""
+    """A connection this worker's session owns, with what it needs to run it."""
 
     connection_id: str
     owner: str
@@ -113,9 +114,10 @@ class Lease:
     start_gen: int
     ws_url: str
     last_seq: int
-    expires_at_ms: int
+    session_gen: int = 0
+    """The owner's session: the lease lives as long as it does."""
     takeover_latency_ms: int | None = None
-    """Set when the lease was taken over after lapsing (not a first start or a release)."""
+    """Set when taken over from a dead session (not a first start or a release)."""
     seq_gen: int = 0
     """The item's ``seq_gen`` when acquired: the final checkpoint belongs to it."""
     failing_since_ms: int | None = None
@@ -123,58 +125,67 @@ class Lease:
     recorded it: the failing clock goes on from there instead of starting again."""
 
 
-def lease_won(old: ConnectionItem, owner: str, now_ms: int, timing: LeaseTiming) -> Lease:
-    """The lease an acquire created, from the item as it was before the write (ALL_OLD)."""
-    lapsed_holder = old.lease_owner is not None and old.lease_expires_at_ms > 0
+def lease_won(
+    old: ConnectionItem,
+    owner: str,
+    session_gen: int,
+    *,
+    epoch: int | None = None,
+    last_seq: int | None = None,
+    takeover_latency_ms: int | None = None,
+) -> Lease:
+    """The lease a write created, from the item as it was before it (ALL_OLD)."""
     return Lease(
         connection_id=old.connection_id,
         owner=owner,
-        epoch=old.lease_epoch + 1,
+        session_gen=session_gen,
+        epoch=old.lease_epoch + 1 if epoch is None else epoch,
         start_gen=old.start_gen,
         ws_url=old.ws_url,
-        last_seq=old.last_seq,
-        expires_at_ms=now_ms + timing.lease_ms,
-        takeover_latency_ms=max(0, now_ms - old.lease_expires_at_ms) if lapsed_holder else None,
+        last_seq=old.last_seq if last_seq is None else last_seq,
+        takeover_latency_ms=takeover_latency_ms,
         seq_gen=old.seq_gen,
         failing_since_ms=old.failing_since_ms,
     )
 
 
+def landed(old: ConnectionItem, owner: str, session_gen: int, token: str) -> bool:
+    """The item a failed acquire or takeover returned was written by that very attempt
+    (owner, session and token are its own): an SDK retry of a write that had landed is
+    being reported as a failure, and the connection is this session's."""
+    return (
+        old.lease_owner == owner
+        and old.owner_session_gen == session_gen
+        and old.lease_token == token
+    )
+
+
 class AcquireRefusal(enum.Enum):
-    """Why an acquire's condition failed."""
+    """Why an acquire's (or a takeover's) condition failed."""
 
     HELD = "held"
-    """Another worker holds a live lease (or won the race)."""
+    """Another session owns it (or won the race)."""
     STOPPED = "stopped"
     PARKED = "parked"
-    """STARTED, but parked (§3.3.1): nobody takes it until the router re-arms it."""
+    """STARTED, but parked (§3.7): nobody takes it until the router re-arms it."""
     UNKNOWN_ID = "unknown_id"
 
 
-def acquire_failure(old: ConnectionItem | None, owner: str, token: str) -> AcquireRefusal | Lease:
+def acquire_failure(
+    old: ConnectionItem | None, owner: str, session_gen: int, token: str
+) -> AcquireRefusal | Lease:
     """Decide on a failed acquire from the item that made it fail.
 
-    When the stored owner and token are this attempt's, an SDK retry of a write that
-    had in fact succeeded is being reported: the lease is adopted with its stored
-    epoch rather than left idle until it lapses. When only the owner is this worker's,
-    the hold is an older one (a runner that was fenced, whose release may still be on
-    its way): adopting it could outlive that release while another worker takes the
-    lease, so it counts as held, and lapses or is released like any other.
+    When the stored owner, session and token are this attempt's, an SDK retry of a
+    write that had in fact succeeded is being reported: the lease is adopted with its
+    stored epoch rather than left held and run by nobody. When only the owner is this
+    worker's, the hold is an older one (a runner whose release may still be on its
+    way): adopting it could outlive that release, so it counts as held.
     """
     if old is None:
         return AcquireRefusal.UNKNOWN_ID
-    if old.lease_owner == owner and old.lease_token == token:
-        return Lease(
-            connection_id=old.connection_id,
-            owner=owner,
-            epoch=old.lease_epoch,
-            start_gen=old.start_gen,
-            ws_url=old.ws_url,
-            last_seq=old.last_seq,
-            expires_at_ms=old.lease_expires_at_ms,
-            seq_gen=old.seq_gen,
-            failing_since_ms=old.failing_since_ms,
-        )
+    if landed(old, owner, session_gen, token):
+        return lease_won(old, owner, session_gen, epoch=old.lease_epoch)
     if not old.started:
         return AcquireRefusal.STOPPED
     if old.parked:
@@ -182,89 +193,132 @@ def acquire_failure(old: ConnectionItem | None, owner: str, token: str) -> Acqui
     return AcquireRefusal.HELD
 
 
-# --- renew -----------------------------------------------------------------------------
+# --- takeover of a dead session's connections -------------------------------------------
 
 
-def renew_update(
-    lease: Lease, last_seq: int, now_ms: int, timing: LeaseTiming
+def takeover_update(
+    seen: ConnectionItem,
+    owner: str,
+    session_gen: int,
+    resume_seq: int,
+    now_ms: int,
+    token: str,
 ) -> ConditionalUpdate:
-    """Extend the lease and write the checkpoint in the same write.
+    """Take a STARTED connection of a DEAD session (``seen``: the item as read, from
+    the ``by-owner`` index or from a failed attempt's ALL_OLD).
 
-    ``#expiry <= :expiry`` stops an older renew that arrives late from moving the
-    expiry backwards; a retry of the same renew writes the same value and passes.
+    Conditioned on everything the decision read: the dead owner and session, STARTED,
+    the ``start_gen`` (a restart since is the router's newer word), and the
+    ``seq_gen`` and ``last_seq`` the resume point was chosen against (a checkpoint
+    reset or a final checkpoint written since would make it wrong). Exactly one taker
+    wins; the epoch goes up by one.
     """
     return ConditionalUpdate(
-        update_expression="SET #expiry = :expiry, #seq = :seq, #updated = :now",
+        update_expression=f"{_TAKE}, #seq = :resume ADD #epoch :one",
         condition_expression=(
-            "#owner = :me AND #epoch = :epoch AND #gen = :gen"
-            " AND #state = :started AND #expiry <= :expiry"
+            "#owner = :dead AND #sgen = :deadgen AND #state = :started AND #gen = :gen"
+            " AND #seqgen = :seqgen AND #seq = :seq AND #epoch = :epoch"
+            " AND attribute_not_exists(#parked)"
         ),
-        names=_names("#owner", "#epoch", "#gen", "#state", "#expiry", "#seq", "#updated"),
-        values=_values(
-            me=lease.owner,
-            epoch=lease.epoch,
-            gen=lease.start_gen,
-            started=schema.STARTED,
-            expiry=now_ms + timing.lease_ms,
-            seq=last_seq,
+        names=_names(
+            "#owner",
+            "#sgen",
+            "#okey",
+            "#token",
+            "#updated",
+            "#seq",
+            "#epoch",
+            "#state",
+            "#gen",
+            "#seqgen",
+            "#parked",
+        ),
+        values=_owner_values(seen.connection_id, owner, session_gen)
+        | _values(
+            token=token,
             now=now_ms,
+            resume=resume_seq,
+            one=1,
+            dead=seen.lease_owner,
+            deadgen=seen.owner_session_gen,
+            started=schema.STARTED,
+            gen=seen.start_gen,
+            seqgen=seen.seq_gen,
+            seq=seen.last_seq,
+            epoch=seen.lease_epoch,
         ),
     )
 
 
-class RenewRefusal(enum.Enum):
-    """Why a renew's condition failed, and so what the holder must do."""
+class TakeoverStep(enum.Enum):
+    """What to do after a takeover's condition failed."""
 
-    LOST = "lost"
-    """Another owner or epoch: stop at once and release nothing."""
-    STOPPED = "stopped"
-    """The router stopped the connection: close gracefully and release."""
-    RESTARTED = "restarted"
-    """A newer start (new ``start_gen``): close gracefully and release; the URL may differ."""
+    RETRY = "retry"
+    """Still the dead session's and STARTED, but changed since read: try again with
+    the item the failure returned."""
+    CLEAR = "clear"
+    """Still the dead session's, but STOPPED: clear the owner instead."""
     GONE = "gone"
-    """The item was deleted: stop at once; there is nothing left to release."""
-    SUPERSEDED = "superseded"
-    """A later renew of this holder already landed; this late one changes nothing."""
-
-    @property
-    def keeps_lease(self) -> bool:
-        return self is RenewRefusal.SUPERSEDED
-
-    @property
-    def graceful(self) -> bool:
-        """The lease is still this holder's, so it closes in order and releases."""
-        return self in (RenewRefusal.STOPPED, RenewRefusal.RESTARTED)
+    """Someone else owns it now, it is parked, or there is no item: nothing to do."""
 
 
-def renew_failure(old: ConnectionItem | None, lease: Lease) -> RenewRefusal:
-    """Decide on a failed renew from the item that made it fail (ALL_OLD)."""
-    if old is None:
-        return RenewRefusal.GONE
-    if old.lease_owner != lease.owner or old.lease_epoch != lease.epoch:
-        return RenewRefusal.LOST
-    if not old.started:
-        return RenewRefusal.STOPPED
-    if old.start_gen != lease.start_gen:
-        return RenewRefusal.RESTARTED
-    return RenewRefusal.SUPERSEDED
+def takeover_failure(old: ConnectionItem | None, seen: ConnectionItem) -> TakeoverStep:
+    if (
+        old is None
+        or old.lease_owner != seen.lease_owner
+        or old.owner_session_gen != seen.owner_session_gen
+        or old.parked
+    ):
+        return TakeoverStep.GONE
+    return TakeoverStep.RETRY if old.started else TakeoverStep.CLEAR
+
+
+def clear_owner_update(seen: ConnectionItem, now_ms: int) -> ConditionalUpdate:
+    """A STOPPED connection of a DEAD session: remove the dead owner, so the item
+    leaves the ``by-owner`` index (a stopped connection has nothing to resume)."""
+    return ConditionalUpdate(
+        update_expression="REMOVE #owner, #sgen, #okey, #token SET #updated = :now",
+        condition_expression="#owner = :dead AND #sgen = :deadgen AND #state = :stopped",
+        names=_names("#owner", "#sgen", "#okey", "#token", "#updated", "#state"),
+        values=_values(
+            now=now_ms,
+            dead=seen.lease_owner,
+            deadgen=seen.owner_session_gen,
+            stopped=schema.STOPPED,
+        ),
+    )
 
 
 # --- release ---------------------------------------------------------------------------
 
 
-def release_update(lease: Lease, last_seq: int | None, now_ms: int) -> ConditionalUpdate:
-    """Give the lease back so others may take it at once (expiry 0).
+def release_update(
+    lease: Lease, last_seq: int | None, now_ms: int, *, started: bool = True
+) -> ConditionalUpdate:
+    """Give the connection back so others may take it at once.
 
     With ``last_seq`` the final checkpoint is written, but only while ``seq_gen`` is
     still the one it belongs to: a restart with the same URL keeps the stream (and
     so this checkpoint), while a restart with a new URL resets ``last_seq`` and bumps
     ``seq_gen``, and an old checkpoint must not overwrite that reset. Without
-    ``last_seq`` (``None``) only the lease is given back.
+    ``last_seq`` (``None``) only the ownership is given back.
+
+    ``started``: the desired state the caller expects. A STARTED connection goes into
+    the ``unowned`` index (``free_shard``) in the same write; a STOPPED one does not.
+    The write is conditioned on it, so the index key is never wrong.
     """
-    names = _names("#owner", "#token", "#epoch", "#expiry", "#updated")
-    values = _values(me=lease.owner, epoch=lease.epoch, zero=0, now=now_ms)
-    update = "REMOVE #owner, #token SET #expiry = :zero, #updated = :now"
+    names = _names("#owner", "#sgen", "#okey", "#token", "#epoch", "#updated", "#state")
+    values = _values(me=lease.owner, epoch=lease.epoch, now=now_ms)
+    update = "REMOVE #owner, #sgen, #okey, #token SET #updated = :now"
     condition = "#owner = :me AND #epoch = :epoch"
+    if started:
+        names |= _names("#free")
+        values |= _values(free=schema.free_shard(lease.connection_id), started=schema.STARTED)
+        update += ", #free = :free"
+        condition += " AND #state = :started"
+    else:
+        values |= _values(started=schema.STARTED)
+        condition += " AND #state <> :started"
     if last_seq is not None:
         names |= _names("#seq", "#seqgen")
         values |= _values(seq=last_seq, seqgen=lease.seq_gen)
@@ -274,28 +328,41 @@ def release_update(lease: Lease, last_seq: int | None, now_ms: int) -> Condition
 
 
 class ReleaseOutcome(enum.Enum):
-    RELEASED = "released"
     NOT_HELD = "not_held"
     """Another owner or epoch, or no item: nothing of ours to release."""
-    RETRY_WITHOUT_CHECKPOINT = "retry_without_checkpoint"
-    """Still ours, but the checkpoint was reset since (a restart with a new URL):
-    release without writing the old checkpoint."""
+    RETRY = "retry"
+    """Still ours, but the desired state or the checkpoint's ``seq_gen`` differ from
+    what the write assumed: write again with :func:`release_retry`'s variant."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseVariant:
+    started: bool
+    with_checkpoint: bool
 
 
 def release_failure(old: ConnectionItem | None, lease: Lease) -> ReleaseOutcome:
     if old is None or old.lease_owner != lease.owner or old.lease_epoch != lease.epoch:
         return ReleaseOutcome.NOT_HELD
-    return ReleaseOutcome.RETRY_WITHOUT_CHECKPOINT
+    return ReleaseOutcome.RETRY
+
+
+def release_retry(old: ConnectionItem, lease: Lease, with_checkpoint: bool) -> ReleaseVariant:
+    """The release that fits the item a failed one returned: its desired state, and
+    the checkpoint only while the stream is the one it belongs to."""
+    return ReleaseVariant(
+        started=old.started, with_checkpoint=with_checkpoint and old.seq_gen == lease.seq_gen
+    )
 
 
 # --- parking and the failing clock ------------------------------------------------------
 #
 #   first failed connect ... failing_since_ms written (once per streak)
 #   |                        ... a handled message removes it (one write)
-#   |<-------- fail_after with no message handled -------->| park: the lease is
-#                                                           | released, expiry set
-#   router start (re-arm): parked fields removed, expiry 0  | to PARKED_EXPIRY_MS
-#   -> the orphan query and the acquire see it again        | and parked_reason set
+#   |<-------- fail_after with no message handled -------->| park: the owner is
+#                                                           | removed, parked_reason
+#   router start (re-arm): parked fields removed, back in   | set, not in the
+#   the unowned index: the acquire sees it again            | unowned index
 
 
 MAX_REASON_CHARS = 200
@@ -304,18 +371,17 @@ MAX_REASON_CHARS = 200
 
 def park_update(lease: Lease, last_seq: int, reason: str, now_ms: int) -> ConditionalUpdate:
     """Give the lease back and park the connection: nobody takes it again until the
-    router re-arms it (§3.3.1).
+    router re-arms it (§3.7).
 
     Conditioned like a release with its checkpoint (owner, epoch, ``seq_gen``) and,
     beyond it, on the start this holder runs (``STARTED`` under its ``start_gen``):
     a stop or a start that came since is the router's newer word, which a park must
-    not overwrite; the caller then releases instead. The expiry goes to
-    :data:`~wsfleet.schema.PARKED_EXPIRY_MS`, which keeps the item out of the orphan
-    query; ``parked_reason`` makes the acquire refuse it.
+    not overwrite; the caller then releases instead. The item does not go into the
+    ``unowned`` index, and ``parked_reason`` makes the acquire refuse it.
     """
     return ConditionalUpdate(
         update_expression=(
-            "REMOVE #owner, #token, #failing SET #expiry = :parked_expiry, #seq = :seq,"
+            "REMOVE #owner, #sgen, #okey, #token, #failing SET #seq = :seq,"
             " #parked = :reason, #parkedat = :now, #updated = :now"
         ),
         condition_expression=(
@@ -324,9 +390,10 @@ def park_update(lease: Lease, last_seq: int, reason: str, now_ms: int) -> Condit
         ),
         names=_names(
             "#owner",
+            "#sgen",
+            "#okey",
             "#token",
             "#failing",
-            "#expiry",
             "#seq",
             "#parked",
             "#parkedat",
@@ -342,7 +409,6 @@ def park_update(lease: Lease, last_seq: int, reason: str, now_ms: int) -> Condit
             seqgen=lease.seq_gen,
             started=schema.STARTED,
             gen=lease.start_gen,
-            parked_expiry=schema.PARKED_EXPIRY_MS,
             seq=last_seq,
             reason=reason[:MAX_REASON_CHARS],
             now=now_ms,
@@ -391,36 +457,12 @@ def restarted_since(item: ConnectionItem, lease: Lease) -> bool:
     return item.started and item.start_gen != lease.start_gen
 
 
-# --- orphans and fencing ---------------------------------------------------------------
-
-
-def orphan_query(now_ms: int, timing: LeaseTiming) -> dict[str, Any]:
-    """Key condition of the GSI query that finds STARTED connections with a lapsed or
-    free lease (``lease_expires_at_ms`` is 0 when never taken or released)."""
-    return {
-        "IndexName": schema.STATE_INDEX_NAME,
-        "KeyConditionExpression": "#state = :started AND #expiry < :cutoff",
-        "ExpressionAttributeNames": _names("#state", "#expiry"),
-        "ExpressionAttributeValues": _values(
-            started=schema.STARTED, cutoff=orphan_cutoff_ms(now_ms, timing)
-        ),
-    }
-
-
-def is_orphan(item: ConnectionItem, now_ms: int, timing: LeaseTiming) -> bool:
-    """True when an acquire at ``now_ms`` would pass its condition."""
-    return (
-        item.started
-        and not item.parked
-        and (
-            item.lease_owner is None or item.lease_expires_at_ms < orphan_cutoff_ms(now_ms, timing)
-        )
-    )
+# --- fencing ---------------------------------------------------------------------------
 
 
 def fence_deadline(renew_sent_at: float, timing: LeaseTiming) -> float:
-    """Monotonic instant after which the holder must not hand a message to the handler:
-    ``sent_at(last successful acquire or renew) + lease - skew - margin``."""
+    """Monotonic instant after which no connection of a session may hand a message to
+    the handler: ``sent_at(last successful session renew) + lease - skew - margin``."""
     return renew_sent_at + timing.fence_after
 
 

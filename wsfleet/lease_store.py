@@ -3,32 +3,28 @@
 from __future__ import annotations
 
 import secrets
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from wsfleet import lease_rules, schema
+from wsfleet.checkpoint_page import CheckpointPage, resume_seq
 from wsfleet.item import ConnectionItem
-from wsfleet.item_io import ConditionFailedError, update_connection
+from wsfleet.item_io import ConditionFailedError, get_connection, update_connection
 from wsfleet.lease_rules import (
     AcquireRefusal,
     ConditionalUpdate,
     Lease,
     ParkOutcome,
     ReleaseOutcome,
-    RenewRefusal,
+    ReleaseVariant,
+    TakeoverStep,
 )
 from wsfleet.timing import LeaseTiming
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
-
-
-@dataclass(frozen=True, slots=True)
-class Renewed:
-    """A renew that landed: the lease now runs until ``expires_at_ms``."""
-
-    expires_at_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +38,7 @@ class Released:
     checkpointed: bool
     """The final checkpoint was written (``seq_gen`` unchanged)."""
     parked: bool = False
-    """The connection was parked with the release (§3.3.1)."""
+    """The connection was parked with the release (§3.7)."""
 
     @classmethod
     def of(cls, old: ConnectionItem | None, lease: Lease, *, checkpointed: bool) -> Released:
@@ -51,78 +47,150 @@ class Released:
 
 
 class LeaseStore:
-    """acquire / renew / release / find orphans, exactly per docs/DESIGN.md §3.
+    """acquire / take over / release / park / find free connections, exactly per
+    docs/DESIGN.md §3. Every write is conditional and changes ownership; nothing here
+    renews anything.
 
     Every method takes the caller's ``now_ms``. Errors other than a failed condition
     (throttling, timeouts) propagate as botocore exceptions: the outcome is unknown.
     """
 
+    _ATTEMPTS = 3
+    """Rounds of a takeover or a release whose condition failed on a changed item."""
+
     def __init__(self, client: DynamoDBClient, table_name: str, timing: LeaseTiming) -> None:
         self._client = client
         self._table = table_name
         self._timing = timing
+        self._lock = threading.Lock()
+        self._takeover_conflicts = 0
 
     @property
     def timing(self) -> LeaseTiming:
         return self._timing
 
+    @property
+    def takeover_conflicts(self) -> int:
+        """Takeover writes refused by their condition so far (each one billed as a
+        write unit): the cost of racing other takers or the item changing."""
+        return self._takeover_conflicts
+
     def acquire(
-        self, connection_id: str, owner: str, now_ms: int, *, token: str | None = None
+        self,
+        connection_id: str,
+        owner: str,
+        session_gen: int,
+        now_ms: int,
+        *,
+        token: str | None = None,
     ) -> Lease | AcquireRefusal:
-        """Take the lease if it is free or lapsed. Exactly one concurrent caller wins.
+        """Take the connection if nobody owns it. Exactly one concurrent caller wins.
         ``token`` identifies this attempt (random by default; tests pass their own)."""
         token = token or secrets.token_hex(8)
+        update = lease_rules.acquire_update(connection_id, owner, session_gen, now_ms, token)
         try:
-            old = self._update(
-                connection_id,
-                lease_rules.acquire_update(owner, now_ms, self._timing, token),
-                return_values="ALL_OLD",
-            )
+            old = self._update(connection_id, update, return_values="ALL_OLD")
         except ConditionFailedError as failed:
-            return lease_rules.acquire_failure(failed.old, owner, token)
+            return lease_rules.acquire_failure(failed.old, owner, session_gen, token)
         if old is None:  # pragma: no cover - the condition requires an existing item
             return AcquireRefusal.UNKNOWN_ID
-        return lease_rules.lease_won(old, owner, now_ms, self._timing)
+        return lease_rules.lease_won(old, owner, session_gen)
 
-    def renew(self, lease: Lease, last_seq: int, now_ms: int) -> Renewed | RenewRefusal:
-        """Extend the lease and checkpoint ``last_seq`` in one write."""
-        update = lease_rules.renew_update(lease, last_seq, now_ms, self._timing)
-        try:
-            self._update(lease.connection_id, update, return_values="NONE")
-        except ConditionFailedError as failed:
-            return lease_rules.renew_failure(failed.old, lease)
-        return Renewed(expires_at_ms=now_ms + self._timing.lease_ms)
-
-    def release(self, lease: Lease, last_seq: int, now_ms: int) -> Released:
-        """Give the lease back with the final checkpoint (kept only while ``seq_gen``
-        is unchanged). Errors other than a failed condition propagate: the outcome is
-        then unknown and the caller may try again (the write is conditional on owner
-        and epoch, so a retry can never free a newer hold)."""
-        try:
-            old = self._update(
-                lease.connection_id,
-                lease_rules.release_update(lease, last_seq, now_ms),
-                return_values="ALL_OLD",
+    def take_over(
+        self,
+        seen: ConnectionItem,
+        owner: str,
+        session_gen: int,
+        page: CheckpointPage | None,
+        now_ms: int,
+        *,
+        latency_ms: int | None = None,
+    ) -> Lease | TakeoverStep:
+        """Take a STARTED connection of a DEAD session, resuming from the session's
+        page entry when it belongs to the item's hold and stream. A condition that
+        fails because the item changed since it was read (a final checkpoint, a
+        restart) is tried again with the item it returned; a STOPPED one is cleared.
+        Returns the lease, or why there is none (``CLEAR`` once cleared)."""
+        for _ in range(self._ATTEMPTS):
+            entry = None if page is None else page.entries.get(seen.connection_id)
+            resume = resume_seq(seen.lease_epoch, seen.seq_gen, seen.last_seq, entry)
+            token = secrets.token_hex(8)
+            update = lease_rules.takeover_update(seen, owner, session_gen, resume, now_ms, token)
+            try:
+                old = self._update(seen.connection_id, update, return_values="ALL_OLD")
+            except ConditionFailedError as failed:
+                with self._lock:
+                    self._takeover_conflicts += 1
+                if failed.old is not None and lease_rules.landed(
+                    failed.old, owner, session_gen, token
+                ):
+                    # An SDK retry of this very takeover, which had landed.
+                    return lease_rules.lease_won(
+                        failed.old,
+                        owner,
+                        session_gen,
+                        epoch=failed.old.lease_epoch,
+                        last_seq=failed.old.last_seq,
+                        takeover_latency_ms=latency_ms,
+                    )
+                step = lease_rules.takeover_failure(failed.old, seen)
+                if step is TakeoverStep.RETRY and failed.old is not None:
+                    seen = failed.old
+                    continue
+                if step is TakeoverStep.CLEAR and failed.old is not None:
+                    self.clear_dead_owner(failed.old, now_ms)
+                return step
+            if old is None:  # pragma: no cover - the condition requires an existing item
+                return TakeoverStep.GONE
+            return lease_rules.lease_won(
+                old, owner, session_gen, last_seq=resume, takeover_latency_ms=latency_ms
             )
-            return Released.of(old, lease, checkpointed=True)
-        except ConditionFailedError as failed:
-            outcome = lease_rules.release_failure(failed.old, lease)
-        if outcome is ReleaseOutcome.NOT_HELD:
-            return Released(released=False, restarted=False, checkpointed=False)
+        return TakeoverStep.GONE
+
+    def clear_dead_owner(self, seen: ConnectionItem, now_ms: int) -> bool:
+        """Remove a DEAD session from a STOPPED connection; False when it changed."""
         try:
-            old = self._update(
-                lease.connection_id,
-                lease_rules.release_update(lease, None, now_ms),
-                return_values="ALL_OLD",
+            self._update(
+                seen.connection_id,
+                lease_rules.clear_owner_update(seen, now_ms),
+                return_values="NONE",
             )
         except ConditionFailedError:
-            return Released(released=False, restarted=False, checkpointed=False)
-        return Released.of(old, lease, checkpointed=False)
+            return False
+        return True
+
+    def release(self, lease: Lease, last_seq: int, now_ms: int) -> Released:
+        """Give the connection back with the final checkpoint (kept only while
+        ``seq_gen`` is unchanged); a STARTED one goes into the unowned index in the same
+        write. Errors other than a failed condition propagate: the outcome is then
+        unknown and the caller may try again (the write is conditional on owner and
+        epoch, so a retry can never free a newer hold)."""
+        variant = ReleaseVariant(started=True, with_checkpoint=True)
+        for _ in range(self._ATTEMPTS):
+            update = lease_rules.release_update(
+                lease,
+                last_seq if variant.with_checkpoint else None,
+                now_ms,
+                started=variant.started,
+            )
+            try:
+                old = self._update(lease.connection_id, update, return_values="ALL_OLD")
+            except ConditionFailedError as failed:
+                old = failed.old
+                if (
+                    old is None
+                    or lease_rules.release_failure(old, lease) is ReleaseOutcome.NOT_HELD
+                ):
+                    break
+                variant = lease_rules.release_retry(old, lease, variant.with_checkpoint)
+                continue
+            return Released.of(old, lease, checkpointed=variant.with_checkpoint)
+        return Released(released=False, restarted=False, checkpointed=False)
 
     def park(self, lease: Lease, last_seq: int, reason: str, now_ms: int) -> Released:
-        """Release the lease with the final checkpoint and park the connection, so no
-        worker takes it again until the router re-arms it. When the router stopped
-        or started it again since this lease was taken, an ordinary release is made
+        """Release the connection with the final checkpoint and park it, so no worker
+        takes it again until the router re-arms it. When the router stopped or
+        started it again since this lease was taken, an ordinary release is made
         instead (the router's newer word wins). Errors propagate, as for a release."""
         try:
             self._update(
@@ -139,19 +207,47 @@ class LeaseStore:
 
     def record_failing_since(self, lease: Lease, since_ms: int, now_ms: int) -> bool:
         """Write when the upstream began failing; False when the lease is no longer
-        ours (the renewer will find out)."""
+        ours."""
         return self._try(lease, lease_rules.failing_since_update(lease, since_ms, now_ms))
 
     def clear_failing_since(self, lease: Lease, now_ms: int) -> bool:
         """Remove the failing mark once a message is handled again."""
         return self._try(lease, lease_rules.failing_cleared_update(lease, now_ms))
 
-    def find_orphans(self, now_ms: int, limit: int) -> list[str]:
-        """Ids of STARTED connections whose lease is free or lapsed, from the GSI
-        (eventually consistent: a stale entry costs one failed acquire)."""
+    def get(self, connection_id: str) -> ConnectionItem | None:
+        """The item, read strongly consistently."""
+        return get_connection(self._client, self._table, connection_id)
+
+    def find_unowned(self, shards: list[str], limit: int) -> list[str]:
+        """Ids of STARTED, unowned, unparked connections from the given shards of the
+        sparse ``unowned`` index (eventually consistent: a stale entry costs one failed
+        acquire)."""
         found: list[str] = []
-        for key in self._query_keys(lease_rules.orphan_query(now_ms, self._timing), limit):
-            found.append(schema.connection_id_of(key))
+        for shard in shards:
+            if len(found) >= limit:
+                break
+            query = {
+                "IndexName": schema.UNOWNED_INDEX_NAME,
+                "KeyConditionExpression": "#free = :shard",
+                "ExpressionAttributeNames": {"#free": schema.FREE_SHARD},
+                "ExpressionAttributeValues": {":shard": {"S": shard}},
+            }
+            for raw in self._query(query, limit - len(found)):
+                found.append(schema.connection_id_of(str(raw[schema.PARTITION_KEY]["S"])))
+        return found
+
+    def owned_by(self, worker_id: str, session_gen: int) -> list[ConnectionItem]:
+        """The connections a session owns, from the ``by-owner`` index (its projection:
+        owner, session, desired state, start_gen, epoch, seq_gen, last_seq)."""
+        found: list[ConnectionItem] = []
+        for key in schema.owner_keys(worker_id, session_gen):
+            query = {
+                "IndexName": schema.OWNER_INDEX_NAME,
+                "KeyConditionExpression": "#okey = :okey",
+                "ExpressionAttributeNames": {"#okey": schema.OWNER_KEY},
+                "ExpressionAttributeValues": {":okey": {"S": key}},
+            }
+            found += [ConnectionItem.from_dynamodb(raw) for raw in self._query(query, None)]
         return found
 
     # --- plumbing ----------------------------------------------------------------------
@@ -178,17 +274,20 @@ class LeaseStore:
             return_values=return_values,
         )
 
-    def _query_keys(self, query: dict[str, Any], limit: int) -> Iterator[str]:
+    def _query(self, query: dict[str, Any], limit: int | None) -> Iterator[dict[str, Any]]:
         remaining = limit
         start_key: dict[str, Any] | None = None
-        while remaining > 0:
-            page_args: dict[str, Any] = {"TableName": self._table, "Limit": remaining, **query}
+        while remaining is None or remaining > 0:
+            page_args: dict[str, Any] = {"TableName": self._table, **query}
+            if remaining is not None:
+                page_args["Limit"] = remaining
             if start_key:
                 page_args["ExclusiveStartKey"] = start_key
             page = self._client.query(**page_args)
             for raw in page.get("Items", []):
-                remaining -= 1
-                yield str(raw[schema.PARTITION_KEY]["S"])
+                if remaining is not None:
+                    remaining -= 1
+                yield raw
             start_key = page.get("LastEvaluatedKey")
             if not start_key:
                 return

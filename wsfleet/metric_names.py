@@ -17,6 +17,9 @@ LEASES_ACQUIRED: Final = "LeasesAcquired"
 LEASES_LOST: Final = "LeasesLost"
 LEASES_RELEASED: Final = "LeasesReleased"
 RENEW_FAILURES: Final = "RenewFailures"
+"""Failed session renews (an error, a timeout or a refusal)."""
+SESSIONS_REAPED: Final = "SessionsReaped"
+"""Lapsed sessions of other workers this worker marked DEAD."""
 ORPHANS_FOUND: Final = "OrphansFound"
 TAKEOVER_LATENCY_MS: Final = "TakeoverLatencyMs"
 MESSAGES_PROCESSED: Final = "MessagesProcessed"
@@ -29,6 +32,7 @@ COUNTERS: Final = (
     LEASES_LOST,
     LEASES_RELEASED,
     RENEW_FAILURES,
+    SESSIONS_REAPED,
     ORPHANS_FOUND,
     MESSAGES_PROCESSED,
     UPSTREAM_RECONNECTS,

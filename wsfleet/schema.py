@@ -7,19 +7,80 @@ infrastructure and the code that uses it cannot drift apart.
 from __future__ import annotations
 
 import re
+import zlib
 from typing import Final
 
 PARTITION_KEY: Final = "Pk"
+SORT_KEY: Final = "Sk"
 KEY_PREFIX: Final = "CONN#"
+CONNECTION_SORT_KEY: Final = "CONN"
+"""The sort key of every connection item (one item per partition)."""
 
 STATE_INDEX_NAME: Final = "by-desired-state"
+"""Lists connections by desired state (the router's listing); written only by starts
+and stops, never by a worker."""
 STATE_INDEX_PARTITION_KEY: Final = "desired_state"
-STATE_INDEX_SORT_KEY: Final = "lease_expires_at_ms"
+STATE_INDEX_SORT_KEY: Final = PARTITION_KEY
+
+OWNER_INDEX_NAME: Final = "by-owner"
+"""A session's connections: ``owner_key`` moves only when ownership does."""
+OWNER_KEY: Final = "owner_key"
+"""``<worker_id>#<session_gen>#<shard>`` while owned; absent when free."""
+OWNER_INDEX_PROJECTION: Final = (
+    "lease_owner",
+    "owner_session_gen",
+    "desired_state",
+    "start_gen",
+    "lease_epoch",
+    "seq_gen",
+    "last_seq",
+    "parked_reason",
+)
+"""What a takeover decides on; all of it changes only with ownership or the router."""
+OWNER_SHARDS: Final = 4
+"""A session's connections spread over this many index partitions, so a takeover of
+a large session does not write one index partition at a thousand writes a second."""
+
+UNOWNED_INDEX_NAME: Final = "unowned"
+"""Sparse: a connection is in it exactly while STARTED, unowned and not parked."""
+FREE_SHARD: Final = "free_shard"
+"""``FREE#<n>``, present exactly while the connection is STARTED, unowned and not
+parked; set by the write that frees it (create, restart, release), removed by the
+write that takes it (acquire) or parks or stops it."""
+UNOWNED_SHARDS: Final = 8
+
+# --- sessions and checkpoint pages (docs/DESIGN.md §3) ---------------------------------
+
+SESSION_KEY_PREFIX: Final = "SESSIONS#"
+"""Sessions live in ``SESSION_SHARDS`` item collections (``SESSIONS#0``...), listed
+by a Query on the table itself: the renew writes one small item and no index."""
+SESSION_SHARDS: Final = 4
+PAGE_KEY_PREFIX: Final = "PAGE#"
+PAGE_SORT_KEY: Final = "PAGE"
+
+SESSION_STATE: Final = "state"
+SESSION_EXPIRES_AT_MS: Final = "expires_at_ms"
+SESSION_STARTED_AT_MS: Final = "started_at_ms"
+SESSION_REAPED_AT_MS: Final = "reaped_at_ms"
+SESSION_REAPED_BY: Final = "reaped_by"
+SESSION_NOTICES: Final = "notices"
+"""String set on a session: ``<connection_id> <start|stop> <now_ms> <nonce>`` tokens
+the router adds when it starts or stops a connection the session owns."""
+SESSION_CAPACITY: Final = "capacity"
+SESSION_CONNECTIONS: Final = "connections"
+ALIVE: Final = "ALIVE"
+DEAD: Final = "DEAD"
+
+PAGE_ENTRIES: Final = "entries"
+"""Binary: zlib-compressed JSON rows ``[connection_id, epoch, seq_gen, seq, ms before the
+write when seq last moved, or -1]``."""
+PAGE_WRITTEN_AT_MS: Final = "written_at_ms"
 
 DESIRED_STATE: Final = "desired_state"
 WS_URL: Final = "ws_url"
 LEASE_OWNER: Final = "lease_owner"
-LEASE_EXPIRES_AT_MS: Final = "lease_expires_at_ms"
+OWNER_SESSION_GEN: Final = "owner_session_gen"
+"""The owner's ``session_gen``: the lease lives exactly as long as that session."""
 LEASE_EPOCH: Final = "lease_epoch"
 LEASE_TOKEN: Final = "lease_token"
 """Random per acquire attempt: tells a retried acquire that landed from an older hold."""
@@ -35,19 +96,13 @@ EXPIRES_AT: Final = "expires_at"
 """DynamoDB TTL attribute, in epoch seconds; set only while STOPPED."""
 METADATA: Final = "metadata"
 PARKED_REASON: Final = "parked_reason"
-"""Set by the owner's park write (docs/DESIGN.md §3.3.1): why the upstream was given
+"""Set by the owner's park write (docs/DESIGN.md §3.7): why the upstream was given
 up on, short and free of secrets; removed by the router's re-arming start."""
 PARKED_AT_MS: Final = "parked_at_ms"
 FAILING_SINCE_MS: Final = "failing_since_ms"
 """Epoch ms at which the current streak of upstream failures began (no message handled
 since); written once per streak by the owner, removed when a message is handled again,
 read by the next owner so a move does not restart the clock."""
-
-PARKED_EXPIRY_MS: Final = 2**53 - 1
-"""``lease_expires_at_ms`` of a parked connection: later than any cutoff, so the orphan
-query (``lease_expires_at_ms < cutoff`` on the state index) never returns it, while the
-attribute stays present and the item stays in the index (the listing by state reads it).
-The largest integer a JSON number or a double holds exactly."""
 
 STARTED: Final = "STARTED"
 STOPPED: Final = "STOPPED"
@@ -71,6 +126,56 @@ def partition_key(connection_id: str) -> str:
     if not is_valid_connection_id(connection_id):
         raise InvalidConnectionIdError(f"invalid connection id: {connection_id!r}")
     return KEY_PREFIX + connection_id
+
+
+def connection_key(connection_id: str) -> dict[str, str]:
+    """The full table key of a connection item, as plain strings."""
+    return {PARTITION_KEY: partition_key(connection_id), SORT_KEY: CONNECTION_SORT_KEY}
+
+
+def shard_of(connection_id: str, shards: int) -> int:
+    """A stable shard of a connection id (the same in every process)."""
+    return zlib.crc32(connection_id.encode()) % shards
+
+
+def owner_key(worker_id: str, session_gen: int, connection_id: str) -> str:
+    return f"{worker_id}#{session_gen}#{shard_of(connection_id, OWNER_SHARDS)}"
+
+
+def owner_keys(worker_id: str, session_gen: int) -> list[str]:
+    """Every ``owner_key`` of one session (one per owner shard)."""
+    return [f"{worker_id}#{session_gen}#{n}" for n in range(OWNER_SHARDS)]
+
+
+def free_shard(connection_id: str) -> str:
+    return f"FREE#{shard_of(connection_id, UNOWNED_SHARDS)}"
+
+
+def free_shards() -> list[str]:
+    return [f"FREE#{n}" for n in range(UNOWNED_SHARDS)]
+
+
+def session_partition(worker_id: str) -> str:
+    return f"{SESSION_KEY_PREFIX}{zlib.crc32(worker_id.encode()) % SESSION_SHARDS}"
+
+
+def session_partitions() -> list[str]:
+    return [f"{SESSION_KEY_PREFIX}{n}" for n in range(SESSION_SHARDS)]
+
+
+def session_sort_key(worker_id: str, session_gen: int) -> str:
+    return f"{worker_id}#{session_gen}"
+
+
+def session_key(worker_id: str, session_gen: int) -> dict[str, str]:
+    return {
+        PARTITION_KEY: session_partition(worker_id),
+        SORT_KEY: session_sort_key(worker_id, session_gen),
+    }
+
+
+def page_key(worker_id: str, session_gen: int) -> dict[str, str]:
+    return {PARTITION_KEY: f"{PAGE_KEY_PREFIX}{worker_id}#{session_gen}", SORT_KEY: PAGE_SORT_KEY}
 
 
 def connection_id_of(key: str) -> str:

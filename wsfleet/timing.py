@@ -1,5 +1,5 @@
-"""Lease timing: defaults derived from the lease, and the rules they must satisfy
-(docs/DESIGN.md §3.8)."""
+"""Session timing: defaults derived from the lease, and the rules they must satisfy
+(docs/DESIGN.md §3.10)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,16 @@ MAX_DRAIN_SECONDS: Final = 30.0
 """Longest wait for a handler call in flight when a connection ends gracefully."""
 MAX_RELEASE_SECONDS: Final = 30.0
 """Longest time spent retrying a release that failed with an error (not a condition)."""
+MIN_SHUTDOWN_SECONDS: Final = 20.0
+"""The shortest wait of a graceful shutdown for its connections to end."""
+DEFAULT_LEASE_SECONDS: Final = 2.5
+DEFAULT_SKEW_SECONDS: Final = 0.25
+"""Fixed, not a fraction of the lease: the clocks of the fleet are kept by NTP (the
+Amazon Time Sync Service on Fargate), which holds them within milliseconds."""
+DEFAULT_CHECKPOINT_SECONDS: Final = 5.0
+MAX_CHECKPOINT_SECONDS: Final = 300.0
+RENEW_ATTEMPTS_IN_FENCE_WINDOW: Final = 3
+HEALTH_MIN_SECONDS: Final = 10.0
 
 
 class InvalidTimingError(ValueError):
@@ -20,8 +30,9 @@ class InvalidTimingError(ValueError):
 class LeaseTiming:
     """All durations in seconds (floats allowed, so tests can scale time down).
 
-    Only ``lease`` must be chosen; :meth:`from_lease` derives the rest:
-    heartbeat = lease/4, reconcile = lease/4, skew = lease/20, margin = lease/10.
+    ``lease`` is the session lease. Only it must be chosen; :meth:`from_lease`
+    derives the rest: heartbeat = reconcile = 0.24 x lease (0.6 s at the default
+    2.5 s), skew = 0.25 s (fixed), margin = lease/10, checkpoint = 5 s.
     """
 
     lease: float
@@ -29,43 +40,53 @@ class LeaseTiming:
     reconcile: float
     skew: float
     margin: float
+    checkpoint: float = DEFAULT_CHECKPOINT_SECONDS
+    """Seconds between two writes of a session's checkpoint page."""
 
     @classmethod
     def from_lease(
         cls,
-        lease: float = 20.0,
+        lease: float = DEFAULT_LEASE_SECONDS,
         *,
         heartbeat: float | None = None,
         reconcile: float | None = None,
         skew: float | None = None,
         margin: float | None = None,
+        checkpoint: float | None = None,
     ) -> LeaseTiming:
         timing = cls(
             lease=lease,
-            heartbeat=lease / 4 if heartbeat is None else heartbeat,
-            reconcile=lease / 4 if reconcile is None else reconcile,
-            skew=lease / 20 if skew is None else skew,
+            heartbeat=0.24 * lease if heartbeat is None else heartbeat,
+            reconcile=0.24 * lease if reconcile is None else reconcile,
+            skew=DEFAULT_SKEW_SECONDS if skew is None else skew,
             margin=lease / 10 if margin is None else margin,
+            checkpoint=DEFAULT_CHECKPOINT_SECONDS if checkpoint is None else checkpoint,
         )
         timing.validate()
         return timing
 
     def validate(self) -> None:
-        """Raise :class:`InvalidTimingError` unless the holder gets two renew attempts
+        """Raise :class:`InvalidTimingError` unless a session gets three renew attempts
         before it must fence itself, and the skew is small against the lease."""
-        for name in ("lease", "heartbeat", "reconcile"):
+        for name in ("lease", "heartbeat", "reconcile", "checkpoint"):
             if not getattr(self, name) > 0:
                 raise InvalidTimingError(f"{name} must be > 0 s, got {getattr(self, name)}")
         for name in ("skew", "margin"):
             if getattr(self, name) < 0:
                 raise InvalidTimingError(f"{name} must be >= 0 s, got {getattr(self, name)}")
-        if not 2 * self.heartbeat + self.margin < self.lease - self.skew:
+        attempts = RENEW_ATTEMPTS_IN_FENCE_WINDOW
+        if not attempts * self.heartbeat <= self.lease - self.skew - self.margin:
             raise InvalidTimingError(
-                "need 2*heartbeat + margin < lease - skew (two renew attempts before fencing): "
-                f"2*{self.heartbeat} + {self.margin} >= {self.lease} - {self.skew}"
+                f"need {attempts}*heartbeat <= lease - skew - margin ({attempts} renew attempts"
+                f" before fencing): {attempts}*{self.heartbeat} >"
+                f" {self.lease} - {self.skew} - {self.margin}"
             )
         if not self.skew < self.lease / 4:
             raise InvalidTimingError(f"need skew < lease/4: {self.skew} >= {self.lease / 4}")
+        if self.checkpoint > MAX_CHECKPOINT_SECONDS:
+            raise InvalidTimingError(
+                f"checkpoint must be <= {MAX_CHECKPOINT_SECONDS} s, got {self.checkpoint}"
+            )
 
     @property
     def lease_ms(self) -> int:
@@ -77,9 +98,22 @@ class LeaseTiming:
 
     @property
     def fence_after(self) -> float:
-        """Seconds after a renew was *sent* during which its holder may still handle
-        messages: ``lease - skew - margin``."""
+        """Seconds after a session renew was *sent* during which its connections may
+        still handle messages: ``lease - skew - margin``."""
         return self.lease - self.skew - self.margin
+
+    @property
+    def renew_attempt_timeout(self) -> float:
+        """Bound of one session-renew request: a third of a heartbeat, so a hung
+        request never eats more than a slice of the fence window."""
+        return self.heartbeat / 3
+
+    @property
+    def stale_health_after(self) -> float:
+        """The health check fails once the event loop has not stamped for this long:
+        three heartbeats, and never less than 10 s (short heartbeats would otherwise
+        turn a garbage-collection pause into a restart)."""
+        return max(3 * self.heartbeat, HEALTH_MIN_SECONDS)
 
     @property
     def drain_budget(self) -> float:
@@ -97,11 +131,13 @@ class LeaseTiming:
     @property
     def shutdown_budget(self) -> float:
         """The longest a graceful shutdown waits for its connections to end: the
-        drain, the release retries and a second for the rest (well inside ECS's
-        120 s stop timeout at any lease)."""
-        return self.drain_budget + self.release_budget + 1.0
+        drain, the release retries and a second for the rest, and never less than
+        :data:`MIN_SHUTDOWN_SECONDS` (a full worker's hundreds of releases and
+        ``reassign`` hints take longer than one short lease), well inside ECS's 120 s
+        stop timeout at any lease."""
+        return max(self.drain_budget + self.release_budget + 1.0, MIN_SHUTDOWN_SECONDS)
 
     def crash_failover_bound(self) -> float:
-        """What docs/DESIGN.md §3.9 promises for a crashed holder:
+        """What docs/DESIGN.md §3.11 promises for a crashed holder:
         lease + skew + 1.2 x reconcile + 1 s."""
         return self.lease + self.skew + 1.2 * self.reconcile + 1.0

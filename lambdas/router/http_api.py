@@ -38,7 +38,6 @@ from lambdas.router.service import (
     ConnectionService,
 )
 from lambdas.router.url_policy import UrlRefusedError
-from lambdas.router.views import connection_view
 from wsfleet.desired_state import StartContendedError, StartOutcome
 from wsfleet.schema import DESIRED_STATES, is_valid_connection_id
 
@@ -116,8 +115,7 @@ def start_connection(request: StartRequest) -> Response[str]:
     service = _service()
     started = service.start(request.connection_id, request.ws_url, request.metadata)
     status = 200 if started.outcome is StartOutcome.ALREADY_STARTED else 201
-    view = connection_view(started.item, service.now_ms())
-    return _json(status, {**view, "outcome": started.outcome.value})
+    return _json(status, {**service.view(started.item), "outcome": started.outcome.value})
 
 
 @connections.get(
@@ -127,8 +125,7 @@ def start_connection(request: StartRequest) -> Response[str]:
 )
 def get_connection(connection_id: str) -> Response[str]:
     service = _service()
-    item = service.get(_checked_id(connection_id))
-    return _json(200, connection_view(item, service.now_ms()))
+    return _json(200, service.view(service.get(_checked_id(connection_id))))
 
 
 @connections.delete(
@@ -142,8 +139,7 @@ def get_connection(connection_id: str) -> Response[str]:
 )
 def stop_connection(connection_id: str) -> Response[str]:
     service = _service()
-    item = service.stop(_checked_id(connection_id))
-    return _json(202, connection_view(item, service.now_ms()))
+    return _json(202, service.view(service.stop(_checked_id(connection_id))))
 
 
 @connections.get(
@@ -160,14 +156,7 @@ def list_connections(
         raise _BadRequestError("invalid_state", "state must be STARTED or STOPPED")
     service = _service()
     page = service.list(state=state, limit=limit, next_token=next_token)
-    now = service.now_ms()
-    return _json(
-        200,
-        {
-            "connections": [connection_view(item, now) for item in page.items],
-            "next_token": page.next_token,
-        },
-    )
+    return _json(200, {"connections": service.views(page.items), "next_token": page.next_token})
 
 
 def build_resolver() -> APIGatewayHttpResolver:

@@ -126,17 +126,49 @@ def to_dynamodb_value(value: Any) -> Any:
 
 
 class ConnectionView(BaseModel):
-    """One connection as the API shows it."""
+    """One connection as the API shows it.
+
+    A connection has no lease expiry of its own (the former ``lease_seconds_left`` is
+    gone): its owner is a worker session, alive while that worker renews it, so the
+    time left is the owner session's (``session_seconds_left``). ``last_seq`` is the
+    best checkpoint known: the one in the owner's checkpoint page when it belongs to
+    the connection's current owner and stream (then ``checkpoint_at`` and
+    ``checkpoint_age_seconds`` say when that page was written), else the item's own,
+    written at the last change of owner (then both are null).
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     connection_id: str
     state: Literal["STARTED", "STOPPED"]
     ws_url: str
-    owner: str | None = Field(description="worker holding the lease; null when free")
-    lease_seconds_left: float | None = Field(description="null when nobody holds the lease")
+    owner: str | None = Field(description="worker whose session owns it; null when free")
+    owner_session_gen: int | None = Field(
+        description="the owning session's generation (a worker opens a new one when it"
+        " restarts or loses its session); null when free"
+    )
+    owner_session_state: Literal["ALIVE", "DEAD"] | None = Field(
+        description="ALIVE while the owner renews its session; DEAD once reaped or ended"
+        " (another worker then takes the connection over); null when free or when the"
+        " session item is already gone"
+    )
+    session_seconds_left: float | None = Field(
+        description="seconds until the owner's session expires unless renewed; 0 once it"
+        " lapsed or is DEAD; null when owner_session_state is null"
+    )
     epoch: int = Field(description="lease_epoch: the fencing token of the current owner")
-    last_seq: int = Field(description="highest contiguous seq handled")
+    last_seq: int = Field(description="highest contiguous seq handled, as last checkpointed")
+    checkpoint_at: str | None = Field(
+        description="when the owner's checkpoint page holding last_seq was written; null"
+        " when last_seq is the item's own"
+    )
+    checkpoint_age_seconds: float | None = Field(
+        description="seconds since checkpoint_at, at the time of this answer; null with it"
+    )
+    last_advanced_at: str | None = Field(
+        description="when last_seq last moved, per the owner's page; null when last_seq"
+        " is the item's own or nothing was handled yet under this owner"
+    )
     start_gen: int
     created_at: str | None
     updated_at: str | None
@@ -162,7 +194,9 @@ class StartedConnection(ConnectionView):
 class ConnectionPage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    connections: list[ConnectionView]
+    connections: list[ConnectionView] = Field(
+        description="at most `limit`; a page may hold fewer, even none, and still have a next_token"
+    )
     next_token: str | None = Field(description="pass back to get the next page; null at the end")
 
 

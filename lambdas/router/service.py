@@ -5,14 +5,16 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lambdas.router.listing import Page, list_connections
 from lambdas.router.models import to_dynamodb_value
+from lambdas.router.owners import OwnerReader
 from lambdas.router.settings import RouterSettings
 from lambdas.router.url_policy import check_upstream_url
+from lambdas.router.views import connection_view
 from wsfleet.desired_state import DesiredStateStore, StartOutcome, StopOutcome
 from wsfleet.item import ConnectionItem
 from wsfleet.item_io import get_connection
@@ -23,6 +25,10 @@ if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
 
 log = logging.getLogger(__name__)
+
+View = dict[str, Any]
+Views = list[View]
+"""(Named here: inside the class, ``list`` is the listing method.)"""
 
 
 class ConnectionNotFoundError(LookupError):
@@ -113,6 +119,16 @@ class ConnectionService:
             limit=limit,
             next_token=next_token,
         )
+
+    def views(self, items: Sequence[ConnectionItem]) -> Views:
+        """The API's views of ``items``, with their owners' sessions and checkpoint
+        pages: one session read and one page read per distinct owning session."""
+        reader = OwnerReader(self._dynamodb, self._settings.table_name)
+        now = self._wall_ms()
+        return [connection_view(item, now, reader.records_of(item)) for item in items]
+
+    def view(self, item: ConnectionItem) -> View:
+        return self.views([item])[0]
 
     def _send_start(self, connection_id: str) -> None:
         try:

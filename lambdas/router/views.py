@@ -1,12 +1,47 @@
-"""What the API shows of a connection item."""
+"""What the API shows of a connection: its item, and what its owner's session item
+and checkpoint page say of it.
+
+A connection has no expiry of its own: its owner's liveness is the owner's session
+(``session_seconds_left``, ``owner_session_state``), and its freshest checkpoint is
+in the owner's page, written every ``CHECKPOINT_SECONDS``, while the item holds the
+one written at the last ownership change. The view shows the page's entry when it
+belongs to the item's current hold and stream (same ``epoch`` and ``seq_gen``: the
+rule a takeover resumes by, :func:`wsfleet.checkpoint_page.resume_seq`), and the
+item's own otherwise.
+
+Pure: the caller reads the records (:mod:`lambdas.router.owners` for the router,
+a table scan for the local live view) and passes the clock in.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from wsfleet import schema
+from wsfleet.checkpoint_page import CheckpointPage, PageEntry, resume_seq
 from wsfleet.item import ConnectionItem
+from wsfleet.session_rules import SessionItem
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerRecords:
+    """An owning session as read for a view: its session item and its checkpoint
+    page, None where there is none (never written, or already forgotten)."""
+
+    session: SessionItem | None = None
+    page: CheckpointPage | None = None
+
+
+NO_RECORDS = OwnerRecords()
+
+
+def owning_session(item: ConnectionItem) -> tuple[str, int] | None:
+    """``(worker_id, session_gen)`` of the session the item names as its owner."""
+    if item.lease_owner is None or item.owner_session_gen is None:
+        return None
+    return (item.lease_owner, item.owner_session_gen)
 
 
 def _iso(ms: int | None) -> str | None:
@@ -15,22 +50,70 @@ def _iso(ms: int | None) -> str | None:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
 
 
-def lease_seconds_left(item: ConnectionItem, now_ms: int) -> float | None:
-    """Seconds until the lease lapses (0 once lapsed); None when nobody holds it."""
-    if item.lease_owner is None:
+def _seconds(ms: int) -> float:
+    return max(0, ms) / 1000
+
+
+def session_fields(
+    item: ConnectionItem, session: SessionItem | None, now_ms: int
+) -> dict[str, Any]:
+    """``owner_session_state`` and ``session_seconds_left``: null without an owner or
+    when the owner's session item is gone; no time left once it lapsed or is DEAD."""
+    if session is None or session.key != owning_session(item):
+        return {"owner_session_state": None, "session_seconds_left": None}
+    left = session.expires_at_ms - now_ms if session.alive else 0
+    return {"owner_session_state": session.state, "session_seconds_left": _seconds(left)}
+
+
+def page_entry(item: ConnectionItem, page: CheckpointPage | None) -> PageEntry | None:
+    """The page's entry for ``item`` when it belongs to the item's hold and stream."""
+    if page is None or owning_session(item) is None:
         return None
-    return round(max(0, item.lease_expires_at_ms - now_ms) / 1000, 3)
+    entry = page.entries.get(item.connection_id)
+    if entry is None or entry.epoch != item.lease_epoch or entry.seq_gen != item.seq_gen:
+        return None
+    return entry
 
 
-def connection_view(item: ConnectionItem, now_ms: int) -> dict[str, Any]:
+def checkpoint_fields(
+    item: ConnectionItem, page: CheckpointPage | None, now_ms: int
+) -> dict[str, Any]:
+    """``last_seq`` (the best checkpoint known) and, when it comes from the owner's
+    page, when that page was written (``checkpoint_at``, and its age) and when the
+    connection's seq last moved (``last_advanced_at``)."""
+    entry = page_entry(item, page)
+    if page is None or entry is None:
+        return {
+            "last_seq": item.last_seq,
+            "checkpoint_at": None,
+            "checkpoint_age_seconds": None,
+            "last_advanced_at": None,
+        }
+    return {
+        "last_seq": resume_seq(item.lease_epoch, item.seq_gen, item.last_seq, entry),
+        "checkpoint_at": _iso(page.written_at_ms),
+        "checkpoint_age_seconds": _seconds(now_ms - page.written_at_ms),
+        "last_advanced_at": _iso(entry.advanced_at_ms),
+    }
+
+
+def connection_view(
+    item: ConnectionItem, now_ms: int, owner: OwnerRecords = NO_RECORDS
+) -> dict[str, Any]:
+    """The view of ``item`` at ``now_ms``; ``owner``: the records of the session the
+    item names as its owner (:func:`owning_session`; ignored when it names none)."""
+    owned = owning_session(item) is not None
+    session = owner.session if owned else None
+    page = owner.page if owned else None
     return {
         "connection_id": item.connection_id,
         "state": item.desired_state,
         "ws_url": item.ws_url,
         "owner": item.lease_owner,
-        "lease_seconds_left": lease_seconds_left(item, now_ms),
+        "owner_session_gen": item.owner_session_gen if owned else None,
+        **session_fields(item, session, now_ms),
         "epoch": item.lease_epoch,
-        "last_seq": item.last_seq,
+        **checkpoint_fields(item, page, now_ms),
         "start_gen": item.start_gen,
         "created_at": _iso(item.created_at_ms),
         "updated_at": _iso(item.updated_at_ms),

@@ -1,102 +1,208 @@
-"""The DynamoDB cost model against hand-computed cases: index write amplification, the
-index partition limit, on-demand and provisioned arithmetic."""
+"""The session design's cost model against hand-computed cases: DynamoDB's item-size and
+billing rules, the index writes of each ownership change, the sizes of the items the
+code builds, and the per-connection figures of one worker at the shipped defaults."""
 
 from __future__ import annotations
 
 import json
+import uuid
+from typing import Any
 
 import pytest
 
-from benchmarks.cost_model import (
-    GSI_PARTITION_WRITES_PER_SECOND,
-    HOURS_PER_MONTH,
-    INDEX_WRITES_PER_RENEW,
-    Fleet,
-    Prices,
-    index_saturation_connections,
-    load_of,
-    main,
-    monthly_cost,
-    report,
-)
+from benchmarks import cost_model as cm
 from tests.support.timing import scaled
+from wsfleet import schema
+from wsfleet.checkpoint_page import encode_entries
 from wsfleet.timing import LeaseTiming
 
 pytestmark = pytest.mark.timeout(scaled(30))
 
-DEFAULT = LeaseTiming.from_lease(20.0)  # heartbeat 5 s, reconcile 5 s
+DEFAULT = LeaseTiming.from_lease()  # lease 2.5 s, heartbeat = reconcile = 0.6 s, checkpoint 5 s
 
 
-def test_every_renew_costs_one_table_write_and_two_index_writes() -> None:
-    assert INDEX_WRITES_PER_RENEW == 2
-    load = load_of(Fleet(connections=100, workers=1, timing=DEFAULT))
-    assert load.renews_per_second == pytest.approx(20.0)  # 100 / 5 s
-    assert load.table_writes_per_second == pytest.approx(20.0)
-    assert load.index_writes_per_second == pytest.approx(40.0)
-    assert load.write_units_per_second == pytest.approx(60.0)
-
-
-def test_acquisitions_from_churn_move_the_index_key_too() -> None:
-    load = load_of(Fleet(connections=3600, workers=1, timing=DEFAULT, connection_churn_per_hour=2))
-    acquires = 3600 * 2 / 3600  # 2 per second
-    assert load.table_writes_per_second == pytest.approx(720 + acquires)
-    assert load.index_writes_per_second == pytest.approx(2 * (720 + acquires))
+# --- billing rules ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("lease", "connections"),
-    [(20.0, 2_500), (40.0, 5_000), (8.0, 1_000)],
+    ("value", "size"),
+    [
+        ({"S": "abc"}, 3),
+        ({"S": "é"}, 2),  # UTF-8 bytes
+        ({"N": "0"}, 1),
+        ({"N": "12"}, 2),
+        ({"N": "123"}, 3),
+        ({"N": "1000000"}, 2),  # trailing zeros trimmed
+        ({"N": "1767225600000"}, 5),  # 17672256: 8 significant digits
+        ({"N": "1767225600123"}, 8),  # 13 significant digits
+        ({"B": b"\x00" * 10}, 10),
+        ({"SS": ["ab", "cde"]}, 5),
+        ({"BOOL": True}, 1),
+        ({"L": [{"S": "ab"}, {"N": "1"}]}, 3 + (2 + 1) + (2 + 1)),
+        ({"M": {"k": {"S": "ab"}}}, 3 + (1 + 2 + 1)),
+    ],
 )
-def test_the_started_index_partition_saturates(lease: float, connections: int) -> None:
-    timing = LeaseTiming.from_lease(lease)
-    assert index_saturation_connections(timing) == connections
-    # At that size the index receives exactly one partition's worth of writes.
-    load = load_of(Fleet(connections=connections, workers=1, timing=timing))
-    assert load.index_writes_per_second == pytest.approx(GSI_PARTITION_WRITES_PER_SECOND)
+def test_value_sizes_follow_dynamodbs_rules(value: dict[str, Any], size: int) -> None:
+    assert cm.value_size(value) == size
 
 
-def test_reads_are_one_half_unit_query_per_worker_per_reconcile() -> None:
-    load = load_of(Fleet(connections=10, workers=4, timing=DEFAULT))
-    assert load.reads_per_second == pytest.approx(0.5 * 4 / 5)
+def test_item_size_counts_names_and_values() -> None:
+    assert cm.item_size({"Pk": {"S": "CONN#x"}, "n": {"N": "7"}}) == (2 + 6) + (1 + 2)
+    assert cm.item_size(None) == 0
+
+
+@pytest.mark.parametrize(("size", "units"), [(0, 1), (1, 1), (1024, 1), (1025, 2), (12_922, 13)])
+def test_a_write_costs_one_unit_per_started_kb(size: int, units: int) -> None:
+    assert cm.write_units(size) == units
+
+
+def test_reads_cost_per_started_4_kb_half_when_eventually_consistent() -> None:
+    assert cm.read_units(0, consistent=False) == 0.5  # an empty query is still billed
+    assert cm.read_units(4096, consistent=False) == 0.5
+    assert cm.read_units(4097, consistent=False) == 1.0
+    assert cm.read_units(27_625, consistent=False) == 3.5
+    assert cm.read_units(12_922, consistent=True) == 4.0
+
+
+def test_a_write_is_billed_on_the_larger_of_the_old_and_new_item() -> None:
+    big = {"Pk": {"S": "PAGE#w#1"}, "Sk": {"S": "PAGE"}, "b": {"B": b"x" * 5000}}
+    small = {"Pk": {"S": "PAGE#w#1"}, "Sk": {"S": "PAGE"}, "b": {"B": b"x"}}
+    assert cm.write_cost(big, small).table == 5
+    assert cm.write_cost(small, big).table == 5
+    assert cm.write_cost(None, small) == cm.WriteCost(1, {})
+
+
+def test_a_failed_condition_costs_the_item_that_is_there() -> None:
+    assert cm.failed_write_units(None) == 1
+    assert cm.failed_write_units(cm.session_item(500)) == 1
+    assert cm.failed_write_units(cm.page_item_of(500)) == 13
+
+
+# --- index writes of the connection's writes ----------------------------------------------
+
+
+def test_acquire_puts_a_by_owner_entry_and_deletes_the_unowned_one() -> None:
+    assert cm.acquire_cost() == cm.WriteCost(
+        1, {schema.OWNER_INDEX_NAME: 1, schema.UNOWNED_INDEX_NAME: 1}
+    )
+
+
+def test_release_does_the_reverse() -> None:
+    assert cm.release_cost() == cm.WriteCost(
+        1, {schema.OWNER_INDEX_NAME: 1, schema.UNOWNED_INDEX_NAME: 1}
+    )
+
+
+def test_a_takeover_moves_the_by_owner_key_a_delete_and_a_put() -> None:
+    # The listing index (keys only, desired_state unchanged) is not written at all.
+    assert cm.takeover_cost() == cm.WriteCost(1, {schema.OWNER_INDEX_NAME: 2})
+
+
+def test_a_change_of_a_projected_attribute_alone_updates_the_entry() -> None:
+    cid = uuid.uuid4().hex
+    before = cm.connection_item(cid)
+    after = dict(before, **{schema.LAST_SEQ: {"N": "5"}})
+    assert cm.write_cost(before, after) == cm.WriteCost(1, {schema.OWNER_INDEX_NAME: 1})
+    # ws_url is not projected anywhere: no index write.
+    after = dict(before, **{schema.WS_URL: {"S": "wss://other"}})
+    assert cm.write_cost(before, after) == cm.WriteCost(1, {})
+
+
+def test_a_session_renew_writes_one_unit_and_no_index() -> None:
+    before = cm.session_item(500)
+    after = dict(before, **{schema.SESSION_EXPIRES_AT_MS: {"N": "1767225602500"}})
+    assert cm.write_cost(before, after) == cm.WriteCost(1, {})
+
+
+# --- the items the code builds -------------------------------------------------------------
+
+
+def test_router_ids_are_uuid4_hex() -> None:
+    ids = cm.uuid_hex_ids(3)
+    assert ids == cm.uuid_hex_ids(3)  # reproducible
+    assert all(len(i) == 32 and uuid.UUID(hex=i).version == 4 for i in ids)
+
+
+def test_a_page_of_500_router_ids_packs_to_about_26_bytes_an_entry() -> None:
+    entries = cm.page_entries(500)
+    blob = encode_entries(entries, cm.EXAMPLE_NOW_MS)
+    assert 24 * 500 < len(blob) < 28 * 500
+    sizes = cm.sizes_of(500, DEFAULT)
+    assert sizes.page_bytes == cm.item_size(cm.page_item_of(500))
+    assert sizes.page_bytes - len(blob) < 100  # keys and the write time
+    assert sizes.page_units == 13
+
+
+def test_session_item_and_index_entry_sizes() -> None:
+    sizes = cm.sizes_of(500, DEFAULT)
+    assert 150 < sizes.session_bytes < 250
+    assert sizes.renew_units == 1
+    assert 150 < sizes.owner_entry_bytes < 300
+    # Pending notices grow the session item; a renew still costs 1 unit up to ~13.
+    assert cm.write_units(cm.item_size(cm.session_item(500, notices=13))) == 1
+
+
+# --- one worker at the shipped defaults ----------------------------------------------------
+
+
+def test_one_worker_of_500_at_the_defaults() -> None:
+    fleet = cm.Fleet(connections=500, workers=1)
+    load = cm.load_of(fleet)
+    # 1 unit every 0.6 s, 13 units every 5 s.
+    assert load.writes[cm.RENEW] == pytest.approx(1 / 0.6)
+    assert load.writes[cm.PAGE] == pytest.approx(13 / 5)
+    # A full worker (500 of MAX_CONNECTIONS 500) does not query the unowned index.
+    assert load.reads[cm.UNOWNED_QUERY] == 0.0
+    # Sessions: one partition with one item (0.5), three empty ones (0.5 each).
+    assert load.reads[cm.SESSION_LIST] == pytest.approx(4 * 0.5 / 0.6)
+    # by-owner: 4 shards of 125 entries of ~221 B = ~27.6 KB -> 7 blocks -> 3.5 each.
+    assert load.reads[cm.OWNER_QUERY] == pytest.approx(4 * 3.5 / 0.6)
+
+
+def test_report_per_connection_hour_and_month() -> None:
+    result = cm.report(cm.Fleet(connections=500, workers=1), cm.Prices())
+    writes = result["write_units_per_connection_hour"]
+    # 6,000 renews an hour over 500 connections; 720 pages of 13 units.
+    assert writes[cm.RENEW] == 12.0
+    assert writes[cm.PAGE] == pytest.approx(720 * 13 / 500, abs=0.01)
+    assert writes["total"] == pytest.approx(30.72, abs=0.01)
+    reads = result["read_units_per_connection_hour"]
+    assert reads["total"] == pytest.approx((2 + 14) / 0.6 * 3600 / 500, abs=0.01)
+    # 730 h x (30.72 x $0.625 + 192 x $0.125) / 1e6
+    assert result["per_connection_month_usd_on_demand"] == pytest.approx(0.0315, abs=0.0001)
+    assert result["write_units"] == {"acquire": 3, "release": 3, "takeover_per_connection": 3}
+
+
+def test_churn_costs_an_acquire_and_a_release_per_move() -> None:
+    still = cm.load_of(cm.Fleet(3600, 8))
+    moving = cm.load_of(cm.Fleet(3600, 8, connection_churn_per_hour=2))
+    assert moving.writes[cm.OWNERSHIP] - still.writes[cm.OWNERSHIP] == pytest.approx(2 * 6)
+
+
+def test_the_previous_design_figures() -> None:
+    previous = cm.previous_design()
+    assert previous.write_units_per_connection_hour == 2160
+    assert previous.usd_per_connection_month == pytest.approx(0.9855)
+    assert previous.connections_per_table == 2500
 
 
 def test_monthly_cost_on_a_hand_computed_case() -> None:
-    # 1,000 connections, heartbeat 5 s: 200 renews/s -> 200 table + 400 index = 600 WCU/s.
-    # Month: 730 h = 2,628,000 s.
-    load = load_of(Fleet(connections=1_000, workers=2, timing=DEFAULT))
-    cost = monthly_cost(load, Prices())
-    assert HOURS_PER_MONTH == 730.0
-    # On-demand: 600 x 2,628,000 = 1,576.8 M write units x $0.625 = $985.50.
-    assert cost.on_demand_writes == pytest.approx(985.50)
-    # Reads: 0.2 RRU/s x 2,628,000 = 0.5256 M x $0.125 = $0.0657.
+    load = cm.Load(writes={"w": 600.0}, reads={"r": 0.2}, requests={})
+    cost = cm.monthly_cost(load, cm.Prices())
+    assert cost.on_demand_writes == pytest.approx(985.50)  # 600 x 2,628,000 s x $0.625/M
     assert cost.on_demand_reads == pytest.approx(0.0657)
-    # Provisioned with 25% headroom: ceil(750) WCU x 730 h x $0.00065 = $355.875.
-    assert cost.provisioned_writes == pytest.approx(355.875)
-    # ceil(0.25) = 1 RCU x 730 h x $0.00013 = $0.0949.
+    assert cost.provisioned_writes == pytest.approx(355.875)  # 750 WCU x 730 h x $0.00065
     assert cost.provisioned_reads == pytest.approx(0.0949)
-    assert cost.on_demand == pytest.approx(985.5657)
-    assert cost.provisioned == pytest.approx(355.9699)
 
 
-def test_report_and_command_line_agree() -> None:
-    fleet = Fleet(connections=1_000, workers=2, timing=DEFAULT)
-    result = report(fleet, Prices())
-    assert result["write_units_per_second"] == 600.0
-    assert result["index_write_share"] == pytest.approx(0.667)
-    assert result["index_partition_saturates_at_connections"] == 2_500
-    assert result["monthly_usd"] == {
-        "on_demand": 985.57,
-        "provisioned": 355.97,
-        "on_demand_writes": 985.5,
-        "provisioned_writes": 355.88,
-    }
-
-
-def test_command_prints_a_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--connections", "1000", "--workers", "2"]) == 0
+def test_command_prints_a_summary_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cm.main(["--connections", "500", "--workers", "1"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert any("saturates at 2,500 connections" in line for line in lines)
+    assert any("previous design: 2,160 write units" in line for line in lines)
     printed = json.loads(lines[-1])
-    assert printed["monthly_usd"]["on_demand"] == 985.57
-    assert main(["--connections", "1000", "--workers", "2", "--json"]) == 0
+    assert printed["write_units_per_connection_hour"]["total"] == pytest.approx(30.72, abs=0.01)
+    assert cm.main(["--connections", "500", "--workers", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == printed
+    assert cm.main(["--checkpoint-seconds", "10", "--json"]) == 0
+    slower = json.loads(capsys.readouterr().out)
+    assert slower["write_units_per_connection_hour"][cm.PAGE] == pytest.approx(9.36)

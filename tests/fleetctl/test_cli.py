@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,13 @@ from fleetctl import cli
 from fleetctl.cli import EXIT_API_ERROR, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, main
 from fleetctl.client import FleetClient
 from local_stack import services
+from local_stack.clock import now_ms
 from tests.support.fleet import wait_until
+from wsfleet.checkpoint_page import PageEntry
+from wsfleet.lease_rules import Lease
+from wsfleet.lease_store import LeaseStore
+from wsfleet.session_store import SessionStore
+from wsfleet.timing import LeaseTiming
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,16 +44,18 @@ def test_start_get_list_stop(router_api: str) -> None:
     assert (code, err) == (EXIT_OK, "")
     lines = out.splitlines()
     assert lines[0] == "demo-1: created"
-    assert "state       STARTED" in lines
-    assert f"ws_url      {FEED}" in lines
+    assert "state          STARTED" in lines
+    assert f"ws_url         {FEED}" in lines
+    assert "session        -" in lines  # nobody owns it yet
 
     code, out, _ = run("--api", router_api, "start", FEED, "--id", "demo-1")
     assert (code, out.splitlines()[0]) == (EXIT_OK, "demo-1: already running (nothing changed)")
 
     code, out, _ = run("--api", router_api, "get", "demo-1")
     assert code == EXIT_OK
-    assert out.splitlines()[0] == "connection  demo-1"
-    assert "start_gen   1" in out.splitlines()
+    assert out.splitlines()[0] == "connection     demo-1"
+    assert "start_gen      1" in out.splitlines()
+    assert "checkpoint     from the item" in out.splitlines()
 
     code, out, _ = run("--api", router_api, "list")
     assert code == EXIT_OK
@@ -207,11 +216,10 @@ def test_watch_prints_plain_frames_off_a_terminal(router_api: str) -> None:
     assert first[0].startswith(f"fleet at {router_api}  ")
     assert first[-1] == ""  # a blank line between frames
     assert first[1] == (
-        "2 connections: 1 STARTED (0 owned, 0 lapsed), 1 STOPPED; "
-        "leases held by 0 workers; 0.0 msg/s"
+        "2 connections: 1 STARTED (0 owned, 0 lapsed), 1 STOPPED; owned by 0 workers; 0.0 msg/s"
     )
     assert [line.split()[0] for line in first[3:-1]] == ["CONNECTION", "w-1", "w-2"]
-    # No worker runs here: nobody holds a lease, so there is no rate however many polls.
+    # No worker runs here: nobody owns it, so there is no rate however many polls.
     assert frames[1].splitlines()[4].split()[-1] == "-"
 
 
@@ -230,16 +238,21 @@ class ScriptedApi:
         return {"connections": views, "next_token": None}
 
 
-def api_view(seq: int, updated_at: str, *, epoch: int = 1) -> dict[str, Any]:
+def api_view(seq: int, checkpoint_at: str, *, epoch: int = 1) -> dict[str, Any]:
     return {
         "connection_id": "demo-1",
         "state": "STARTED",
         "owner": "w-1",
-        "lease_seconds_left": 12.0,
+        "owner_session_gen": 1,
+        "owner_session_state": "ALIVE",
+        "session_seconds_left": 1.5,
         "epoch": epoch,
         "last_seq": seq,
+        "checkpoint_at": checkpoint_at,
+        "checkpoint_age_seconds": 0.5,
         "start_gen": 1,
-        "updated_at": updated_at,
+        # Workers write the item only when ownership changes: never its clock.
+        "updated_at": "2025-12-31T23:00:00.000+00:00",
     }
 
 
@@ -247,7 +260,7 @@ def test_watch_rates_come_from_checkpoint_times_not_poll_times() -> None:
     api = ScriptedApi(
         [
             [api_view(0, "2026-01-01T00:00:00.000+00:00")],
-            [api_view(0, "2026-01-01T00:00:00.000+00:00")],  # no checkpoint since
+            [api_view(0, "2026-01-01T00:00:00.000+00:00")],  # no page since
             [api_view(25, "2026-01-01T00:00:05.000+00:00")],
             [api_view(25, "2026-01-01T00:00:05.000+00:00")],
             [api_view(40, "2026-01-01T00:00:07.000+00:00")],
@@ -264,6 +277,46 @@ def test_watch_rates_come_from_checkpoint_times_not_poll_times() -> None:
     shown = [frame.splitlines()[4].split()[-1] for frame in frames]
     assert shown == ["-", "-", "5.0", "5.0", "7.5", "-"]
     assert frames[2].splitlines()[1].endswith("; 5.0 msg/s")
+
+
+def test_get_list_and_watch_show_the_owners_session_and_page(
+    router_api: str, ddb: Any, table: str
+) -> None:
+    client = FleetClient(router_api)
+    client.start(FEED, connection_id="owned-1")
+    client.start(FEED + "/2", connection_id="free-1")
+    timing = LeaseTiming.from_lease(2.0)
+    sessions = SessionStore(ddb, table, timing)
+    now = now_ms()
+    assert sessions.open("w-cli", 2, now + 60_000, capacity=4)  # time left: about a minute
+    lease = LeaseStore(ddb, table, timing).acquire("owned-1", "w-cli", 2, now)
+    assert isinstance(lease, Lease), lease
+    entry = PageEntry(lease.epoch, lease.seq_gen, seq=321, advanced_at_ms=now - 500)
+    assert sessions.write_page("w-cli", 2, {"owned-1": entry}, now)
+
+    code, out, _ = run("--api", router_api, "get", "owned-1")
+    assert code == EXIT_OK
+    details = dict(line.split(None, 1) for line in out.splitlines())
+    assert details["owner"] == "w-cli"
+    assert re.fullmatch(r"#2 ALIVE, (5\d|6[0-2])\.\ds left", details["session"])
+    assert details["last_seq"] == "321"
+    assert re.fullmatch(r"owner's page of \S+ \(\d+\.\ds ago\)", details["checkpoint"])
+
+    code, out, _ = run("--api", router_api, "list")
+    assert code == EXIT_OK
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
+    assert rows["owned-1"][2] == "w-cli"
+    assert re.fullmatch(r"(5\d|6[0-2])\.\ds", rows["owned-1"][3])
+    assert rows["owned-1"][5] == "321"
+    assert re.fullmatch(r"\d+\.\ds", rows["owned-1"][6])  # the page's age
+    assert rows["free-1"][2:4] == ["-", "-"]
+
+    code, out, _ = run("--api", router_api, "watch", "--count", "1")
+    assert code == EXIT_OK
+    assert "STARTED (1 owned, 0 lapsed)" in out
+    watched = {line.split()[0]: line.split() for line in out.splitlines()[4:] if line}
+    assert watched["owned-1"][5] == "321"
+    assert watched["owned-1"][-1] == "-"  # one page seen: a point, not yet a rate
 
 
 class Terminal(io.StringIO):

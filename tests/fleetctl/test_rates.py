@@ -1,4 +1,4 @@
-"""The messages/s rule: checkpoint advance over the checkpoints' own write times."""
+"""The messages/s rule: checkpoint advance over the owner pages' own write times."""
 
 from __future__ import annotations
 
@@ -7,19 +7,22 @@ from typing import Any
 import pytest
 
 from fleetctl.rates import (
+    STALE_AFTER_INTERVALS,
     Checkpoint,
     Progress,
     advance,
     checkpoint_of,
     checkpoint_time_ms,
-    lease_held,
+    owner_live,
     parse_time_ms,
     shown_rate,
     shown_rates,
     track,
 )
-from lambdas.router.views import connection_view
+from lambdas.router.views import OwnerRecords, connection_view
+from wsfleet.checkpoint_page import CheckpointPage, PageEntry
 from wsfleet.item import ConnectionItem
+from wsfleet.session_rules import SessionItem
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -35,22 +38,36 @@ def view(
     at_ms: int | None = T0,
     owner: str | None = "w-1",
     left: float | None = 10.0,
+    session_state: str = "ALIVE",
     epoch: int = 1,
     start_gen: int = 1,
+    now_ms: int | None = None,
 ) -> dict[str, Any]:
-    """An API view of a connection, built the way the router builds it."""
+    """An API view of a connection, built the way the router builds it: ``seq`` is
+    in the owner's page written at ``at_ms`` (None: no page), ``left`` seconds are
+    left of the owner's session (None: its item is gone), seen at ``now_ms`` (by
+    default when the page was written)."""
+    now = now_ms if now_ms is not None else (T0 if at_ms is None else at_ms)
     item = ConnectionItem(
         connection_id=connection_id,
         desired_state="STARTED",
         ws_url="ws://127.0.0.1:8765/x",
         lease_owner=owner,
-        lease_expires_at_ms=0 if left is None else T0 + round(left * 1000),
+        owner_session_gen=None if owner is None else 1,
         lease_epoch=epoch,
-        last_seq=seq,
         start_gen=start_gen,
-        updated_at_ms=at_ms,
     )
-    return connection_view(item, T0)
+    session = (
+        None
+        if owner is None or left is None
+        else SessionItem(owner, 1, session_state, expires_at_ms=now + round(left * 1000))
+    )
+    page = (
+        None
+        if at_ms is None
+        else CheckpointPage(at_ms, {connection_id: PageEntry(epoch, 0, seq, at_ms - 10)})
+    )
+    return connection_view(item, now, OwnerRecords(session, page))
 
 
 # --- which time is the checkpoint's --------------------------------------------------
@@ -75,10 +92,16 @@ def test_parse_time_ms(text: Any, ms: int | None) -> None:
 
 
 @pytest.mark.parametrize("at_ms", [T0, T0 + 1, T0 + 123, T0 + 999, T0 + 86_399_999, 1])
-def test_the_checkpoint_time_is_the_items_update_time_to_the_millisecond(at_ms: int) -> None:
-    # The API shows updated_at_ms as an ISO string; reading it back must be exact, or a
-    # 1 ms error on a 1 s interval would show in the rate.
+def test_the_checkpoint_time_is_the_pages_write_time_to_the_millisecond(at_ms: int) -> None:
+    # The API shows the page's written_at_ms as an ISO string; reading it back must be
+    # exact, or a 1 ms error on a 1 s interval would show in the rate.
     assert checkpoint_time_ms(view(at_ms=at_ms)) == at_ms
+
+
+def test_without_a_page_entry_of_its_hold_there_is_no_checkpoint_time() -> None:
+    # The item's own checkpoint (written at the last change of owner) has no time.
+    assert checkpoint_time_ms(view(at_ms=None)) is None
+    assert checkpoint_time_ms(view(owner=None)) is None  # free: its page is nobody's
 
 
 def test_checkpoint_of_a_view() -> None:
@@ -162,7 +185,7 @@ def test_track_forgets_connections_that_are_gone_or_have_no_time() -> None:
     progress = track({}, [view("a", seq=0), view("b", seq=0), view("c", at_ms=None)])
     assert set(progress) == {"a", "b"}
     progress = track(progress, [view("a", seq=50, at_ms=T0 + 10_000)])
-    assert progress == {"a": Progress(cp(50, 10), 5.0)}
+    assert progress == {"a": Progress(cp(50, 10), 5.0, 10_000)}
 
 
 def checkpoints_written(at_s: float) -> tuple[int, int]:
@@ -178,7 +201,7 @@ def test_viewers_polling_at_any_pace_show_the_same_rate(poll_every_s: float) -> 
     at_s = 0.1
     while at_s < 60:
         seq, at_ms = checkpoints_written(at_s)
-        polled = [view("c", seq=seq, at_ms=at_ms)]
+        polled = [view("c", seq=seq, at_ms=at_ms, now_ms=T0 + round(at_s * 1000))]
         progress = track(progress, polled)
         shown.append(shown_rates(polled, progress)["c"])
         at_s += poll_every_s
@@ -193,20 +216,18 @@ def test_viewers_polling_at_any_pace_show_the_same_rate(poll_every_s: float) -> 
 
 
 @pytest.mark.parametrize(
-    ("owner", "left", "held"),
+    ("owner", "left", "state", "live"),
     [
-        ("w-1", 10.0, True),
-        ("w-1", 0.001, True),
-        ("w-1", None, False),  # inconsistent, but not a live lease
-        (None, None, False),  # free (released, or never taken)
+        ("w-1", 10.0, "ALIVE", True),
+        ("w-1", 0.001, "ALIVE", True),
+        ("w-1", -3.0, "ALIVE", False),  # lapsed: the API shows 0 seconds left
+        ("w-1", 10.0, "DEAD", False),  # reaped: shown with 0 seconds left
+        ("w-1", None, "ALIVE", False),  # the session item is gone
+        (None, None, "ALIVE", False),  # free (released, or never taken)
     ],
 )
-def test_lease_held(owner: str | None, left: float | None, held: bool) -> None:
-    assert lease_held(view(owner=owner, left=left)) is held
-
-
-def test_lease_held_not_when_lapsed() -> None:
-    assert not lease_held(view(left=-3.0))  # the API shows 0 seconds left
+def test_owner_live(owner: str | None, left: float | None, state: str, live: bool) -> None:
+    assert owner_live(view(owner=owner, left=left, session_state=state)) is live
 
 
 @pytest.mark.parametrize(
@@ -215,11 +236,32 @@ def test_lease_held_not_when_lapsed() -> None:
         ({}, 5.0),
         ({"owner": None, "left": None}, None),  # released: nothing advances the checkpoint
         ({"left": -1.0}, None),  # lapsed: the owner is gone, the rate would be stale
+        ({"session_state": "DEAD"}, None),  # reaped: a takeover comes next
     ],
 )
-def test_a_rate_is_shown_only_while_the_lease_is_held(
+def test_a_rate_is_shown_only_while_the_owners_session_is_live(
     changes: dict[str, Any], shown: float | None
 ) -> None:
-    progress = Progress(cp(125, 5), 5.0)
-    assert shown_rate(view(**changes), progress) == shown
+    progress = Progress(cp(125, 5), 5.0, 5_000)
+    assert shown_rate(view(seq=125, at_ms=T0 + 5_000, **changes), progress) == shown
     assert shown_rate(view(), None) is None
+
+
+@pytest.mark.parametrize(
+    ("age_ms", "shown"),
+    [
+        (0, 5.0),
+        (9_000, 5.0),
+        (STALE_AFTER_INTERVALS * 5_000, 5.0),
+        (STALE_AFTER_INTERVALS * 5_000 + 1, 0.0),  # no page since: nothing moved
+        (60_000, 0.0),
+    ],
+)
+def test_an_idle_connection_falls_to_zero_once_its_page_stops_changing(
+    age_ms: int, shown: float
+) -> None:
+    # Measured over 5 s between two pages; the owner writes its page only when
+    # something in it changed, so a page this old means the connection was idle.
+    progress = advance(Progress(cp(100, 0)), cp(125, 5))
+    seen = view(seq=125, at_ms=T0 + 5_000, now_ms=T0 + 5_000 + age_ms)
+    assert shown_rate(seen, progress) == shown

@@ -11,14 +11,20 @@ from fleetctl import render
 
 
 def view(connection_id: str, **changes: Any) -> dict[str, Any]:
+    """A view of a connection whose owner's session is alive, checkpointed in its page."""
     base: dict[str, Any] = {
         "connection_id": connection_id,
         "state": "STARTED",
         "ws_url": f"ws://127.0.0.1:8765/{connection_id}",
         "owner": "worker-a",
-        "lease_seconds_left": 1.5,
+        "owner_session_gen": 3,
+        "owner_session_state": "ALIVE",
+        "session_seconds_left": 1.5,
         "epoch": 2,
         "last_seq": 40,
+        "checkpoint_at": "2026-11-30T01:00:07.000+00:00",
+        "checkpoint_age_seconds": 2.25,
+        "last_advanced_at": "2026-11-30T01:00:06.900+00:00",
         "start_gen": 1,
         "created_at": "2026-11-30T01:00:00.000+00:00",
         "updated_at": "2026-11-30T01:00:05.000+00:00",
@@ -28,12 +34,42 @@ def view(connection_id: str, **changes: Any) -> dict[str, Any]:
     return base | changes
 
 
+FREE = {
+    "owner": None,
+    "owner_session_gen": None,
+    "owner_session_state": None,
+    "session_seconds_left": None,
+    "checkpoint_at": None,
+    "checkpoint_age_seconds": None,
+    "last_advanced_at": None,
+}
+"""No owner: no session, and the item's own checkpoint."""
+
+
+def free(connection_id: str, **changes: Any) -> dict[str, Any]:
+    return view(connection_id, **FREE) | changes
+
+
 @pytest.mark.parametrize(
     ("seconds", "shown"),
-    [(None, "-"), (0, "lapsed"), (-1, "lapsed"), (1.25, "1.2s"), (19.96, "20.0s")],
+    [(None, "-"), ("3", "-"), (True, "-"), (0, "0.0s"), (1.25, "1.2s"), (19.96, "20.0s")],
 )
-def test_format_lease(seconds: float | None, shown: str) -> None:
-    assert render.format_lease(seconds) == shown
+def test_format_seconds(seconds: Any, shown: str) -> None:
+    assert render.format_seconds(seconds) == shown
+
+
+@pytest.mark.parametrize(
+    ("changes", "shown"),
+    [
+        ({}, "1.5s"),
+        ({"session_seconds_left": 0.0}, "lapsed"),
+        ({"owner_session_state": "DEAD", "session_seconds_left": 0.0}, "dead"),
+        ({"owner_session_state": None, "session_seconds_left": None}, "gone"),
+        (FREE, "-"),
+    ],
+)
+def test_format_session(changes: dict[str, Any], shown: str) -> None:
+    assert render.format_session(view("c", **changes)) == shown
 
 
 @pytest.mark.parametrize(
@@ -56,7 +92,7 @@ def test_table_pads_columns_and_right_aligns_numbers() -> None:
 
 
 def test_connection_table() -> None:
-    lines = render.connection_table([view("demo-2", owner=None, state="STOPPED"), view("demo-1")])
+    lines = render.connection_table([free("demo-2", state="STOPPED"), view("demo-1")])
     assert re.split(" {2,}", lines[0]) == list(render.LIST_COLUMNS)
     assert lines[1].split() == [
         "demo-1",
@@ -65,36 +101,44 @@ def test_connection_table() -> None:
         "1.5s",
         "2",
         "40",
+        "2.2s",
         "ws://127.0.0.1:8765/demo-1",
     ]
-    assert lines[2].split()[:3] == ["demo-2", "STOPPED", "-"]
+    assert lines[2].split()[:7] == ["demo-2", "STOPPED", "-", "-", "2", "40", "-"]
     assert render.connection_table([]) == ["no connections"]
 
 
 def test_connection_details() -> None:
     lines = render.connection_details(view("demo-1", metadata={"team": "x"}))
-    assert lines[0] == "connection  demo-1"
-    assert "lease left  1.5s" in lines
-    assert "expires     -" in lines
-    assert 'metadata    {"team":"x"}' in lines
-    assert len(lines) == 12
-
-
-def test_connection_details_show_why_a_connection_is_parked() -> None:
-    lines = render.connection_details(
-        view(
-            "demo-1",
-            parked_reason="HTTP 404 from upstream",
-            parked_at="2027-01-15T08:00:00.000+00:00",
-            failing_since=None,
-        )
-    )
-    assert "parked      HTTP 404 from upstream" in lines
-    assert "parked at   2027-01-15T08:00:00.000+00:00" in lines
-    assert not any(line.startswith("failing since") for line in lines)
+    assert lines[0] == "connection     demo-1"
+    assert "owner          worker-a" in lines
+    assert "session        #3 ALIVE, 1.5s left" in lines
+    assert "last_seq       40" in lines
+    assert ("checkpoint     owner's page of 2026-11-30T01:00:07.000+00:00 (2.2s ago)") in lines
+    assert "last advanced  2026-11-30T01:00:06.900+00:00" in lines
+    assert "expires        -" in lines
+    assert 'metadata       {"team":"x"}' in lines
     assert len(lines) == 14
-    failing = render.connection_details(view("demo-1", failing_since="2027-01-15T07:59:00Z"))
-    assert "failing since  2027-01-15T07:59:00Z" in failing
+
+
+@pytest.mark.parametrize(
+    ("changes", "session", "checkpoint"),
+    [
+        (FREE, "-", "from the item"),
+        ({"owner_session_state": None, "session_seconds_left": None}, "#3 gone", None),
+        ({"owner_session_state": "DEAD", "session_seconds_left": 0.0}, "#3 DEAD", None),
+        ({"session_seconds_left": 0.0}, "#3 ALIVE, lapsed", None),
+        ({"checkpoint_at": None, "checkpoint_age_seconds": None}, None, "from the item"),
+    ],
+)
+def test_connection_details_of_the_owner_and_checkpoint(
+    changes: dict[str, Any], session: str | None, checkpoint: str | None
+) -> None:
+    shown = dict(line.split(None, 1) for line in render.connection_details(view("c", **changes)))
+    if session is not None:
+        assert shown["session"] == session
+    if checkpoint is not None:
+        assert shown["checkpoint"] == checkpoint
 
 
 @pytest.mark.parametrize(
@@ -125,24 +169,35 @@ def test_natural_order() -> None:
 
 def fleet() -> list[dict[str, Any]]:
     return [
-        view("demo-10", owner="w-2", lease_seconds_left=4.96, epoch=3, last_seq=40),
-        view("demo-2", owner="w-1", lease_seconds_left=17.349, epoch=1, last_seq=125),
-        view("demo-3", owner=None, lease_seconds_left=None, last_seq=77),  # released: free
-        view("demo-4", state="STOPPED", owner=None, lease_seconds_left=None, last_seq=9),
-        view("demo-5", owner="w-3", lease_seconds_left=0, epoch=1, last_seq=12),  # lapsed
+        view("demo-10", owner="w-2", session_seconds_left=4.96, epoch=3, last_seq=40),
+        view("demo-2", owner="w-1", session_seconds_left=17.349, epoch=1, last_seq=125),
+        free("demo-3", last_seq=77),  # released: free
+        free("demo-4", state="STOPPED", last_seq=9),
+        view("demo-5", owner="w-3", session_seconds_left=0, epoch=1, last_seq=12),  # lapsed
+        view(
+            "demo-6",
+            owner="w-4",
+            owner_session_state="DEAD",
+            session_seconds_left=0,
+            checkpoint_age_seconds=12.0,
+            last_seq=8,
+        ),  # reaped, not yet taken over
     ]
 
 
 def test_fleet_table_rows() -> None:
     lines = render.fleet_table(fleet(), {"demo-2": 5.0, "demo-10": 0.0, "demo-5": None})
-    assert lines[0] == ("CONNECTION  STATE    OWNER  LEASE LEFT  EPOCH  LAST_SEQ  MSG/S")
+    assert lines[0] == (
+        "CONNECTION  STATE    OWNER  SESSION LEFT  EPOCH  LAST_SEQ  CKPT AGE  MSG/S"
+    )
     rows = [line.split() for line in lines[1:]]
     assert rows == [
-        ["demo-2", "STARTED", "w-1", "17.3s", "1", "125", "5.0"],
-        ["demo-3", "STARTED", "-", "-", "2", "77", "-"],
-        ["demo-4", "STOPPED", "-", "-", "2", "9", "-"],
-        ["demo-5", "STARTED", "w-3", "lapsed", "1", "12", "-"],
-        ["demo-10", "STARTED", "w-2", "5.0s", "3", "40", "0.0"],  # natural order
+        ["demo-2", "STARTED", "w-1", "17.3s", "1", "125", "2.2s", "5.0"],
+        ["demo-3", "STARTED", "-", "-", "2", "77", "-", "-"],
+        ["demo-4", "STOPPED", "-", "-", "2", "9", "-", "-"],
+        ["demo-5", "STARTED", "w-3", "lapsed", "1", "12", "2.2s", "-"],
+        ["demo-6", "STARTED", "w-4", "dead", "2", "8", "12.0s", "-"],
+        ["demo-10", "STARTED", "w-2", "5.0s", "3", "40", "2.2s", "0.0"],  # natural order
     ]
     assert render.fleet_table([], {}) == ["no connections"]
 
@@ -151,12 +206,12 @@ def test_fleet_table_columns_line_up() -> None:
     lines = render.fleet_table(
         [
             view("a", owner="local-worker-1", last_seq=7),
-            view("much-longer-id", owner="w", lease_seconds_left=15.0, last_seq=123456),
+            view("much-longer-id", owner="w", session_seconds_left=15.0, last_seq=123456),
         ],
         {"a": 12.25, "much-longer-id": None},
     )
     header, *rows = lines
-    for column in ("LEASE LEFT", "EPOCH", "LAST_SEQ", "MSG/S"):
+    for column in ("SESSION LEFT", "EPOCH", "LAST_SEQ", "CKPT AGE", "MSG/S"):
         # Numbers are right-aligned: they end where their header ends.
         end = header.index(column) + len(column)
         for row in rows:
@@ -168,20 +223,18 @@ def test_fleet_table_columns_line_up() -> None:
 def test_fleet_totals() -> None:
     rates = {"demo-2": 5.0, "demo-10": 0.5, "demo-5": None}
     assert render.fleet_totals(fleet(), rates) == (
-        "5 connections: 4 STARTED (3 owned, 1 lapsed), 1 STOPPED; "
-        "leases held by 3 workers; 5.5 msg/s"
+        "6 connections: 5 STARTED (4 owned, 2 lapsed), 1 STOPPED; owned by 4 workers; 5.5 msg/s"
     )
     assert render.fleet_totals([], {}) == (
-        "0 connections: 0 STARTED (0 owned, 0 lapsed), 0 STOPPED; "
-        "leases held by 0 workers; 0.0 msg/s"
+        "0 connections: 0 STARTED (0 owned, 0 lapsed), 0 STOPPED; owned by 0 workers; 0.0 msg/s"
     )
 
 
 def test_summary_line() -> None:
     assert render.summary_line(fleet(), {"demo-2": 5.0, "demo-10": 0.0}) == (
-        "5 connections, 3 owned | demo-2 seq=125 owner=w-1 5.0/s; demo-3 seq=77 owner=-; "
+        "6 connections, 4 owned | demo-2 seq=125 owner=w-1 5.0/s; demo-3 seq=77 owner=-; "
         "demo-4 seq=9 owner=-; demo-5 seq=12 owner=w-3 (lapsed); "
-        "demo-10 seq=40 owner=w-2 0.0/s"
+        "demo-6 seq=8 owner=w-4 (lapsed); demo-10 seq=40 owner=w-2 0.0/s"
     )
     assert render.summary_line([], {}) == "0 connections, 0 owned"
 
@@ -202,20 +255,20 @@ def test_watch_frame() -> None:
         views=[
             view("demo-2", owner="worker-b", last_seq=90),
             view("demo-1"),
-            view("demo-3", state="STOPPED", owner=None, lease_seconds_left=None),
+            free("demo-3", state="STOPPED"),
         ],
         rates={"demo-1": 20.0, "demo-2": 19.5, "demo-3": None},
     )
     lines = render.watch_lines(frame)
     assert lines[0] == "fleet at http://127.0.0.1:8080  12:00:01  every 1s  (Ctrl-C quits)"
     assert lines[1] == render.fleet_totals(frame.views, frame.rates)
-    assert lines[1].endswith("; leases held by 2 workers; 39.5 msg/s")
+    assert lines[1].endswith("; owned by 2 workers; 39.5 msg/s")
     assert lines[2] == ""
     # The table is the shared fleet table, unchanged.
     assert lines[3:] == render.fleet_table(frame.views, frame.rates)
     rows = [line.split() for line in lines[4:]]
-    assert rows[0] == ["demo-1", "STARTED", "worker-a", "1.5s", "2", "40", "20.0"]
-    assert rows[2] == ["demo-3", "STOPPED", "-", "-", "2", "40", "-"]
+    assert rows[0] == ["demo-1", "STARTED", "worker-a", "1.5s", "2", "40", "2.2s", "20.0"]
+    assert rows[2] == ["demo-3", "STOPPED", "-", "-", "2", "40", "-", "-"]
 
 
 def test_watch_frame_shows_a_retried_error_and_an_empty_fleet() -> None:

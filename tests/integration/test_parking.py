@@ -40,7 +40,8 @@ def test_a_refused_path_is_parked_at_once_and_frees_its_slot(fleet: Fleet):
     item = fleet.item("refused")
     assert item.parked_reason == "HTTP 404 from upstream"
     assert item.lease_owner is None
-    assert item.lease_expires_at_ms == schema.PARKED_EXPIRY_MS
+    assert item.owner_key is None
+    assert item.free_shard is None
     assert item.desired_state == schema.STARTED
     # The only slot is free again: the worker takes another connection.
     fleet.start_connection("next")

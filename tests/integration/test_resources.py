@@ -1,7 +1,8 @@
-"""``python -m local_stack.resources`` against DynamoDB Local and moto: the table with
-the index the worker and the router query, the start queue with its DLQ and redrive
-policy, one JSON line on stdout; running it again changes nothing; an unreachable
-endpoint is a clear one-line error."""
+"""``python -m local_stack.resources`` against DynamoDB Local and moto: the table (key
+``Pk`` + ``Sk``) with the three indexes the worker and the router query, the start
+queue with its DLQ and redrive policy, one JSON line on stdout; running it again
+changes nothing; a table of the old shape is refused; an unreachable endpoint is a
+clear one-line error."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from local_stack.resources import ResourceError, create_connection_table, table_indexes
 from local_stack.services import free_port
 from tests.conftest import unique_name
 from tests.support.processes import run_module
@@ -59,14 +61,30 @@ def test_creates_the_table_queue_and_dlq_and_again_changes_nothing(
 
     description = ddb.describe_table(TableName=table)["Table"]
     assert description["TableStatus"] == "ACTIVE"
-    assert description["KeySchema"] == [{"AttributeName": schema.PARTITION_KEY, "KeyType": "HASH"}]
-    [index] = description["GlobalSecondaryIndexes"]
-    assert index["IndexName"] == schema.STATE_INDEX_NAME
-    assert index["KeySchema"] == [
-        {"AttributeName": schema.STATE_INDEX_PARTITION_KEY, "KeyType": "HASH"},
-        {"AttributeName": schema.STATE_INDEX_SORT_KEY, "KeyType": "RANGE"},
+    assert description["KeySchema"] == [
+        {"AttributeName": schema.PARTITION_KEY, "KeyType": "HASH"},
+        {"AttributeName": schema.SORT_KEY, "KeyType": "RANGE"},
     ]
-    assert index["Projection"]["ProjectionType"] == "KEYS_ONLY"
+    indexes = {index["IndexName"]: index for index in description["GlobalSecondaryIndexes"]}
+    assert set(indexes) == {
+        schema.STATE_INDEX_NAME,
+        schema.OWNER_INDEX_NAME,
+        schema.UNOWNED_INDEX_NAME,
+    }
+    for name, partition in (
+        (schema.STATE_INDEX_NAME, schema.STATE_INDEX_PARTITION_KEY),
+        (schema.OWNER_INDEX_NAME, schema.OWNER_KEY),
+        (schema.UNOWNED_INDEX_NAME, schema.FREE_SHARD),
+    ):
+        assert indexes[name]["KeySchema"] == [
+            {"AttributeName": partition, "KeyType": "HASH"},
+            {"AttributeName": schema.PARTITION_KEY, "KeyType": "RANGE"},
+        ], name
+    assert indexes[schema.STATE_INDEX_NAME]["Projection"] == {"ProjectionType": "KEYS_ONLY"}
+    assert indexes[schema.UNOWNED_INDEX_NAME]["Projection"] == {"ProjectionType": "KEYS_ONLY"}
+    owner_projection = indexes[schema.OWNER_INDEX_NAME]["Projection"]
+    assert owner_projection["ProjectionType"] == "INCLUDE"
+    assert set(owner_projection["NonKeyAttributes"]) == set(schema.OWNER_INDEX_PROJECTION)
 
     dlq_arn = sqs.get_queue_attributes(QueueUrl=created["dlq_url"], AttributeNames=["QueueArn"])[
         "Attributes"
@@ -97,6 +115,82 @@ def test_options_set_the_redrive_and_the_visibility_timeout(
     attributes = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["All"])["Attributes"]
     assert json.loads(attributes["RedrivePolicy"])["maxReceiveCount"] == 2
     assert attributes["VisibilityTimeout"] == "7"
+
+
+def create_old_table(ddb, name: str) -> None:
+    """The table as it was before sessions: key ``Pk`` alone, one index."""
+    ddb.create_table(
+        TableName=name,
+        BillingMode="PAY_PER_REQUEST",
+        AttributeDefinitions=[
+            {"AttributeName": schema.PARTITION_KEY, "AttributeType": "S"},
+            {"AttributeName": schema.STATE_INDEX_PARTITION_KEY, "AttributeType": "S"},
+        ],
+        KeySchema=[{"AttributeName": schema.PARTITION_KEY, "KeyType": "HASH"}],
+        GlobalSecondaryIndexes=[
+            {
+                "IndexName": schema.STATE_INDEX_NAME,
+                "KeySchema": [
+                    {"AttributeName": schema.STATE_INDEX_PARTITION_KEY, "KeyType": "HASH"},
+                    {"AttributeName": schema.PARTITION_KEY, "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "KEYS_ONLY"},
+            }
+        ],
+    )
+
+
+def test_a_table_of_the_old_shape_is_refused_with_a_clear_error(
+    dynamodb_endpoint, moto_endpoint, ddb, tmp_path
+):
+    table = unique_name("connections")
+    create_old_table(ddb, table)
+    result = run_resources(
+        ["--table", table, "--queue", unique_name("starts")],
+        dynamodb=dynamodb_endpoint,
+        sqs=moto_endpoint,
+        home=tmp_path,
+    )
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    [message] = result.stderr.strip().splitlines()
+    assert message.startswith(f"local_stack.resources: table {table} exists with another key")
+    assert schema.OWNER_INDEX_NAME in message
+    assert schema.UNOWNED_INDEX_NAME in message
+    assert "delete it or choose another name" in message
+    # Refused, not changed: still the old key and the one index.
+    description = ddb.describe_table(TableName=table)["Table"]
+    assert description["KeySchema"] == [{"AttributeName": schema.PARTITION_KEY, "KeyType": "HASH"}]
+    assert [i["IndexName"] for i in description["GlobalSecondaryIndexes"]] == [
+        schema.STATE_INDEX_NAME
+    ]
+    ddb.delete_table(TableName=table)
+
+
+def test_a_table_with_the_old_key_alone_is_refused_even_with_every_index(ddb):
+    """Key ``Pk`` only, but all three indexes: the key is what is wrong."""
+    table = unique_name("connections")
+    ddb.create_table(
+        TableName=table,
+        BillingMode="PAY_PER_REQUEST",
+        AttributeDefinitions=[
+            {"AttributeName": name, "AttributeType": "S"}
+            for name in (
+                schema.PARTITION_KEY,
+                schema.STATE_INDEX_PARTITION_KEY,
+                schema.OWNER_KEY,
+                schema.FREE_SHARD,
+            )
+        ],
+        KeySchema=[{"AttributeName": schema.PARTITION_KEY, "KeyType": "HASH"}],
+        GlobalSecondaryIndexes=table_indexes(),
+    )
+    try:
+        with pytest.raises(ResourceError, match=f"table {table} exists with another key"):
+            create_connection_table(ddb, table)
+    finally:
+        ddb.delete_table(TableName=table)
 
 
 def test_an_unreachable_endpoint_is_a_clear_error(moto_endpoint, tmp_path):

@@ -102,7 +102,8 @@ def test_sigterm_with_a_slow_handler_releases_with_the_final_checkpoint(fleet: F
 
 
 def test_stop_then_start_with_the_same_url_redelivers_nothing(fleet: Fleet, tmp_path):
-    """The stop is seen by a renew; the new start lands before the release. The
+    """The stop is seen through the session's notices; the new start lands before the
+    release. The
     release must keep the final checkpoint (same stream) and see the restart, so the
     worker takes the connection again at once (its start hint was consumed as
     "already mine"; the reconcile is 30 s away here)."""
@@ -114,7 +115,9 @@ def test_stop_then_start_with_the_same_url_redelivers_nothing(fleet: Fleet, tmp_
     wait_until(lambda: fleet.highest_seq("again") >= 4, scaled(15), "seq 4 to be in flight")
     fleet.stop_connection("again")
     wait_until(
-        lambda: "renew refused" in worker.log(), scaled(2 * TIMING.heartbeat + 2), "the stop"
+        lambda: "connection noticed as changed" in worker.log(),
+        scaled(2 * TIMING.heartbeat + 2),
+        "the stop",
     )
     fleet.start_connection("again")
     gate.touch()

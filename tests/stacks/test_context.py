@@ -84,28 +84,33 @@ def test_task_bounds_and_scaling_dimension_follow_context(overridden: Synthesize
     assert spec["Dimensions"] == [{"Name": "Service", "Value": "websocket-fleet-dev"}]
 
 
-def test_provisioned_billing_scales_table_and_index(overridden: Synthesized) -> None:
+def test_provisioned_billing_scales_the_table_and_every_index(overridden: Synthesized) -> None:
     _, table = only(overridden.resources, "AWS::DynamoDB::Table")
     assert "BillingMode" not in table or table["BillingMode"] == "PROVISIONED"
     assert table["ProvisionedThroughput"]["WriteCapacityUnits"] == 10
-    (index,) = table["GlobalSecondaryIndexes"]
-    assert index["ProvisionedThroughput"]["WriteCapacityUnits"] == 10
-    dims = {
-        (t["ScalableDimension"], t["MinCapacity"], t["MaxCapacity"])
-        for t in _targets(overridden, "dynamodb")
-    }
-    assert dims == {
-        ("dynamodb:table:ReadCapacityUnits", 5, 50),
-        ("dynamodb:table:WriteCapacityUnits", 10, 200),
-        ("dynamodb:index:ReadCapacityUnits", 5, 50),
-        ("dynamodb:index:WriteCapacityUnits", 10, 200),
-    }
-    index_ids = [
-        t["ResourceId"]
-        for t in _targets(overridden, "dynamodb")
-        if ":index:" in t["ScalableDimension"]
-    ]
-    assert all(schema.STATE_INDEX_NAME in json.dumps(r) for r in index_ids)
+    indexes = table["GlobalSecondaryIndexes"]
+    assert len(indexes) == 3
+    assert all(i["ProvisionedThroughput"]["WriteCapacityUnits"] == 10 for i in indexes)
+    targets = _targets(overridden, "dynamodb")
+    dims = sorted((t["ScalableDimension"], t["MinCapacity"], t["MaxCapacity"]) for t in targets)
+    assert dims == sorted(
+        [
+            ("dynamodb:table:ReadCapacityUnits", 5, 50),
+            ("dynamodb:table:WriteCapacityUnits", 10, 200),
+        ]
+        + [("dynamodb:index:ReadCapacityUnits", 5, 50)] * 3
+        + [("dynamodb:index:WriteCapacityUnits", 10, 200)] * 3
+    )
+    for name in (schema.STATE_INDEX_NAME, schema.OWNER_INDEX_NAME, schema.UNOWNED_INDEX_NAME):
+        scaled = [
+            t["ScalableDimension"]
+            for t in targets
+            if f"/index/{name}" in json.dumps(t["ResourceId"])
+        ]
+        assert sorted(scaled) == [
+            "dynamodb:index:ReadCapacityUnits",
+            "dynamodb:index:WriteCapacityUnits",
+        ], name
 
 
 def test_imported_vpc_is_used_without_lookup_or_new_network(overridden: Synthesized) -> None:
@@ -180,6 +185,9 @@ def _settings(context: dict[str, Any]) -> Any:
         ({"fleet:logRetentionDays": "8"}, "logRetentionDays"),
         ({"fleet:dev": "true"}, "prod cannot set dev"),
         ({"fleet:leaseSeconds": "0"}, "leaseSeconds"),
+        # heartbeat 0.24 s: three renews (0.72 s) do not fit in 1 - 0.25 - 0.1 s
+        ({"fleet:leaseSeconds": "1"}, "leaseSeconds"),
+        ({"fleet:leaseSeconds": "soon"}, "leaseSeconds"),
         ({"fleet:allowedUpstreamHosts": "[]"}, "allowedUpstreamHosts"),
         ({"fleet:allowedUpstreamHosts": "wss://feed.example.com/x"}, "allowedUpstreamHosts"),
         ({"fleet:taskMemoryMiB": "300"}, "taskMemoryMiB"),

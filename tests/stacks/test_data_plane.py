@@ -5,30 +5,68 @@ from __future__ import annotations
 import pytest
 from aws_cdk.assertions import Match
 
+from local_stack import resources
 from stacks.start_queue import VISIBILITY_TIMEOUT
 from tests.stacks.cfn import arn, of_type, only
 from tests.stacks.conftest import Synthesized
-from wsfleet import schema
+from wsfleet import schema, table_layout
 
 pytestmark = pytest.mark.cdk
 
 
-def test_table_key_and_state_index_come_from_the_shared_schema(synth: Synthesized) -> None:
+def test_table_has_the_composite_key_and_the_three_indexes_of_the_design(
+    synth: Synthesized,
+) -> None:
     _, table = only(synth.resources, "AWS::DynamoDB::Table")
-    assert table["KeySchema"] == [{"AttributeName": schema.PARTITION_KEY, "KeyType": "HASH"}]
-    (index,) = table["GlobalSecondaryIndexes"]
-    assert index["IndexName"] == schema.STATE_INDEX_NAME
-    assert index["KeySchema"] == [
-        {"AttributeName": schema.STATE_INDEX_PARTITION_KEY, "KeyType": "HASH"},
-        {"AttributeName": schema.STATE_INDEX_SORT_KEY, "KeyType": "RANGE"},
+    assert table["KeySchema"] == [
+        {"AttributeName": "Pk", "KeyType": "HASH"},
+        {"AttributeName": "Sk", "KeyType": "RANGE"},
     ]
-    assert index["Projection"] == {"ProjectionType": "KEYS_ONLY"}
-    types = {a["AttributeName"]: a["AttributeType"] for a in table["AttributeDefinitions"]}
-    assert types == {
-        schema.PARTITION_KEY: "S",
-        schema.STATE_INDEX_PARTITION_KEY: "S",
-        schema.STATE_INDEX_SORT_KEY: "N",
+    indexes = {index["IndexName"]: index for index in table["GlobalSecondaryIndexes"]}
+    # Spelled out, not read from the shared layout: a change there must show here.
+    assert indexes == {
+        "by-desired-state": {
+            "IndexName": "by-desired-state",
+            "KeySchema": [
+                {"AttributeName": "desired_state", "KeyType": "HASH"},
+                {"AttributeName": "Pk", "KeyType": "RANGE"},
+            ],
+            "Projection": {"ProjectionType": "KEYS_ONLY"},
+        },
+        "by-owner": {
+            "IndexName": "by-owner",
+            "KeySchema": [
+                {"AttributeName": "owner_key", "KeyType": "HASH"},
+                {"AttributeName": "Pk", "KeyType": "RANGE"},
+            ],
+            "Projection": {
+                "ProjectionType": "INCLUDE",
+                "NonKeyAttributes": list(schema.OWNER_INDEX_PROJECTION),
+            },
+        },
+        "unowned": {
+            "IndexName": "unowned",
+            "KeySchema": [
+                {"AttributeName": "free_shard", "KeyType": "HASH"},
+                {"AttributeName": "Pk", "KeyType": "RANGE"},
+            ],
+            "Projection": {"ProjectionType": "KEYS_ONLY"},
+        },
     }
+    types = {a["AttributeName"]: a["AttributeType"] for a in table["AttributeDefinitions"]}
+    assert types == {name: "S" for name in ("Pk", "Sk", "desired_state", "owner_key", "free_shard")}
+
+
+def test_table_is_the_one_local_stack_creates(synth: Synthesized) -> None:
+    """``python -m local_stack.resources`` and the stack build one table layout."""
+    _, table = only(synth.resources, "AWS::DynamoDB::Table")
+    assert table["GlobalSecondaryIndexes"] == resources.table_indexes()
+    assert [k["AttributeName"] for k in table["KeySchema"]] == list(table_layout.TABLE_KEY)
+    assert sorted(a["AttributeName"] for a in table["AttributeDefinitions"]) == sorted(
+        table_layout.key_attributes()
+    )
+    names = (schema.STATE_INDEX_NAME, schema.OWNER_INDEX_NAME, schema.UNOWNED_INDEX_NAME)
+    assert [i["IndexName"] for i in table["GlobalSecondaryIndexes"]] == list(names)
 
 
 def test_table_has_ttl_pitr_encryption_and_on_demand_billing(synth: Synthesized) -> None:

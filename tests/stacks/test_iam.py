@@ -31,16 +31,34 @@ def _ids(synth: Synthesized) -> dict[str, str]:
     }
 
 
-def _index(table_id: str) -> dict:
-    return {"Fn::Join": ["", [arn(table_id), f"/index/{schema.STATE_INDEX_NAME}"]]}
+def _index(table_id: str, name: str) -> dict:
+    return {"Fn::Join": ["", [arn(table_id), f"/index/{name}"]]}
 
 
-def test_worker_task_role_has_exactly_the_lease_and_queue_actions(synth: Synthesized) -> None:
+def test_worker_task_role_has_exactly_the_session_lease_and_queue_actions(
+    synth: Synthesized,
+) -> None:
     ids = _ids(synth)
     table, queue = ids["table"], ids["start_queue"]
     expected = (
-        grants(["dynamodb:GetItem", "dynamodb:UpdateItem"], arn(table))
-        | grants(["dynamodb:Query"], _index(table))
+        # sessions and pages (open, renew, reap, forget, list), connections (take,
+        # release, park, read)
+        grants(
+            [
+                "dynamodb:GetItem",
+                "dynamodb:PutItem",
+                "dynamodb:UpdateItem",
+                "dynamodb:DeleteItem",
+                "dynamodb:Query",
+            ],
+            arn(table),
+        )
+        # a session's connections, and the connections waiting for an owner
+        | grants(
+            ["dynamodb:Query"],
+            _index(table, schema.OWNER_INDEX_NAME),
+            _index(table, schema.UNOWNED_INDEX_NAME),
+        )
         | grants(
             [
                 "sqs:ReceiveMessage",
@@ -59,8 +77,14 @@ def test_router_role_has_exactly_its_table_queue_and_log_actions(synth: Synthesi
     ids = _ids(synth)
     table = ids["table"]
     expected = (
-        grants(["dynamodb:GetItem", "dynamodb:UpdateItem"], arn(table))
-        | grants(["dynamodb:Query", "dynamodb:Scan"], arn(table), _index(table))
+        # start/stop and the owner's session notice; a connection, its owner's session
+        # and page; the listing without a state (scan) or of the table
+        grants(
+            ["dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query", "dynamodb:Scan"],
+            arn(table),
+        )
+        # the listing by state: the router's index only
+        | grants(["dynamodb:Query"], _index(table, schema.STATE_INDEX_NAME))
         # the start hint, and the function's own dead-letter queue for failed events
         | grants(["sqs:SendMessage"], arn(ids["start_queue"]), arn(ids["failed_events"]))
         | grants(["logs:CreateLogStream", "logs:PutLogEvents"], arn(ids["router_logs"]))

@@ -9,6 +9,7 @@ import pytest
 from tests.stacks.cfn import arn, of_type, only
 from tests.stacks.conftest import Synthesized, cdk_json_context, synthesize
 from wsfleet import metric_names as m
+from wsfleet import schema
 
 pytestmark = pytest.mark.cdk
 
@@ -168,16 +169,25 @@ def test_no_worker_alarm_counts_no_data_as_down_but_not_before_a_warm_up(
     assert all("WarmUpConfiguration" not in a for a in others)
 
 
-def test_throttling_alarm_covers_table_and_index(synth: Synthesized) -> None:
+def test_throttling_alarm_covers_the_table_and_every_index(synth: Synthesized) -> None:
     alarm = _alarm(synth, "DynamoDbThrottling")
+    table_id, _ = only(synth.resources, "AWS::DynamoDB::Table")
     stats = [q["MetricStat"]["Metric"] for q in alarm["Metrics"] if "MetricStat" in q]
-    names = {(s["MetricName"], len(s["Dimensions"])) for s in stats}
-    assert names == {
-        ("WriteThrottleEvents", 1),
-        ("ReadThrottleEvents", 1),
-        ("WriteThrottleEvents", 2),
-        ("ReadThrottleEvents", 2),
+    assert all(s["Namespace"] == "AWS/DynamoDB" for s in stats)
+    seen = set()
+    for stat in stats:
+        dimensions = {d["Name"]: d["Value"] for d in stat["Dimensions"]}
+        assert dimensions.pop("TableName") == {"Ref": table_id}
+        seen.add((stat["MetricName"], dimensions.get("GlobalSecondaryIndexName")))
+    places = [None, schema.STATE_INDEX_NAME, schema.OWNER_INDEX_NAME, schema.UNOWNED_INDEX_NAME]
+    assert len(stats) == len(seen) == 8
+    assert seen == {
+        (f"{kind}ThrottleEvents", place) for kind in ("Write", "Read") for place in places
     }
+    (expression,) = [q for q in alarm["Metrics"] if "Expression" in q]
+    assert expression["ReturnData"] is True
+    # every metric is summed, a missing one counting as 0
+    assert expression["Expression"].count("FILL(") == 8
 
 
 def test_every_alarm_notifies_the_stacks_topic_on_alarm_and_on_ok(synth: Synthesized) -> None:
@@ -260,9 +270,12 @@ def test_dashboard_shows_fleet_per_task_queue_ecs_and_dynamodb_metrics(synth: Sy
     for needle in (
         m.ACTIVE_CONNECTIONS,
         m.ORPHANS_FOUND,
+        m.LEASES_ACQUIRED,
         m.TAKEOVER_LATENCY_MS,
-        m.LEASES_LOST,
         m.RENEW_FAILURES,
+        m.SESSIONS_REAPED,
+        m.LEASES_LOST,
+        m.LEASES_RELEASED,
         m.MESSAGES_PROCESSED,
         m.UPSTREAM_RECONNECTS,
         m.HANDLER_ERRORS,
@@ -272,10 +285,53 @@ def test_dashboard_shows_fleet_per_task_queue_ecs_and_dynamodb_metrics(synth: Sy
         "CPUUtilization",
         "MemoryUtilization",
         "ConsumedWriteCapacityUnits",
+        "ConsumedReadCapacityUnits",
         "WriteThrottleEvents",
         "GlobalSecondaryIndexName",
+        schema.STATE_INDEX_NAME,
+        schema.OWNER_INDEX_NAME,
+        schema.UNOWNED_INDEX_NAME,
     ):
         assert needle in body, needle
+
+
+def _dashboard_widgets(synth: Synthesized) -> list[dict]:
+    """The dashboard body as CloudWatch reads it, each intrinsic (region, names of
+    resources) shown as ``X``."""
+    _, dashboard = only(synth.resources, "AWS::CloudWatch::Dashboard")
+    body = dashboard["DashboardBody"]
+    text = (
+        body
+        if isinstance(body, str)
+        else "".join(part if isinstance(part, str) else "X" for part in body["Fn::Join"][1])
+    )
+    widgets: list[dict] = json.loads(text)["widgets"]
+    return widgets
+
+
+def test_dashboard_lease_health_row_speaks_of_sessions(synth: Synthesized) -> None:
+    """The row after the connections: what is found in the unowned index and taken,
+    takeover latency, session renew failures next to the sessions reaped, leases lost
+    and released."""
+    graphs = {
+        w["properties"]["title"]: w["properties"]["metrics"]
+        for w in _dashboard_widgets(synth)
+        if w["type"] == "metric"
+    }
+    # a metric line is [namespace, name, dimension, value, ..., options]; a math
+    # expression's is [options] alone
+    names = {title: {line[1] for line in lines if len(line) > 1} for title, lines in graphs.items()}
+    assert names["Unowned connections found / leases acquired"] == {
+        m.ORPHANS_FOUND,
+        m.LEASES_ACQUIRED,
+    }
+    assert names["Takeover latency after a session lapse (ms)"] == {m.TAKEOVER_LATENCY_MS}
+    assert names["Session renew failures / sessions reaped"] == {
+        m.RENEW_FAILURES,
+        m.SESSIONS_REAPED,
+    }
+    assert names["Leases lost / released"] == {m.LEASES_LOST, m.LEASES_RELEASED}
+    assert not [title for title in graphs if "Orphan" in title]
 
 
 def test_outputs(synth: Synthesized) -> None:

@@ -13,8 +13,11 @@ from tests.stacks.conftest import Synthesized
 from worker import config as worker_env
 from worker.metrics import FleetMetrics
 from wsfleet import metric_names
+from wsfleet.timing import LeaseTiming
 
 pytestmark = pytest.mark.cdk
+
+LEASE = 2.5
 
 
 def _container(synth: Synthesized) -> dict:
@@ -27,12 +30,44 @@ def _environment(synth: Synthesized) -> dict[str, object]:
     return {e["Name"]: e["Value"] for e in _container(synth)["Environment"]}
 
 
+def _worker_config(synth: Synthesized) -> worker_env.WorkerConfig:
+    """The config the worker builds from the task definition's environment (tokens
+    such as the table name stand in as text)."""
+    env = _environment(synth)
+    return worker_env.WorkerConfig.from_env(
+        {k: v if isinstance(v, str) else "x" for k, v in env.items()}
+    )
+
+
 def test_container_stops_gracefully_and_is_health_checked(synth: Synthesized) -> None:
     container = _container(synth)
     assert container["StopTimeout"] == 120
     assert container["HealthCheck"]["Command"] == ["CMD", "python", "-m", "worker.health"]
     assert tuple(container["HealthCheck"]["Command"]) == HEALTH_CHECK_COMMAND
     assert container["LogConfiguration"]["LogDriver"] == "awslogs"
+
+
+def test_health_check_replaces_only_a_worker_stuck_well_past_its_session_lease(
+    synth: Synthesized,
+) -> None:
+    check = _container(synth)["HealthCheck"]
+    assert (check["Interval"], check["Timeout"], check["Retries"], check["StartPeriod"]) == (
+        15,
+        5,
+        3,
+        30,
+    )
+    # The command itself fails once the loop's stamp is older than this (worker.health).
+    timing = _worker_config(synth).timing
+    assert timing.stale_health_after == max(3 * 0.6, 10.0) == 10.0
+    # One check answers before the next starts.
+    assert check["Timeout"] < check["Interval"]
+    # Marked unhealthy only after `Retries` failed checks in a row: a loop stuck for
+    # at least stale_after + (Retries - 1) x Interval, by when its session has long
+    # been reaped and its connections taken over.
+    stuck_for = timing.stale_health_after + (check["Retries"] - 1) * check["Interval"]
+    assert stuck_for == 40
+    assert stuck_for > 5 * timing.crash_failover_bound()
 
 
 def test_worker_environment_uses_the_worker_names_and_never_sets_worker_id(
@@ -43,17 +78,34 @@ def test_worker_environment_uses_the_worker_names_and_never_sets_worker_id(
     table_id, _ = only(synth.resources, "AWS::DynamoDB::Table")
     assert env[worker_env.TABLE_NAME] == {"Ref": table_id}
     assert env[worker_env.QUEUE_URL]["Ref"] in synth.resources
-    assert env[worker_env.LEASE_SECONDS] == "20"
+    assert env[worker_env.LEASE_SECONDS] == "2.5"
     assert env[worker_env.MAX_CONNECTIONS] == "500"
     assert env[worker_env.REASSIGN_ON_RELEASE] == "true"
     assert env[worker_env.METRICS_NAMESPACE] == metric_names.DEFAULT_NAMESPACE
     assert env[worker_env.SERVICE_NAME] == synth.settings.service_name
     assert str(env[worker_env.HEALTH_FILE]).startswith("/tmp/")
     # The config the worker would build from this environment is valid.
-    concrete = {k: v if isinstance(v, str) else "x" for k, v in env.items()}
-    config = worker_env.WorkerConfig.from_env(concrete)
+    config = _worker_config(synth)
     assert config.max_connections == 500
-    assert config.timing.lease == synth.settings.lease_seconds
+    assert config.timing == synth.settings.timing
+
+
+def test_worker_timing_is_the_session_design_default(synth: Synthesized) -> None:
+    """lease 2.5 s, heartbeat = reconcile = 0.6 s, skew 0.25 s, checkpoint 5 s: the
+    worker's own defaults, none of them overridden in the task definition."""
+    env = _environment(synth)
+    for name in (
+        worker_env.HEARTBEAT_SECONDS,
+        worker_env.RECONCILE_SECONDS,
+        worker_env.MAX_SKEW_SECONDS,
+        worker_env.CHECKPOINT_SECONDS,
+    ):
+        assert name not in env, name
+    timing = _worker_config(synth).timing
+    assert timing == LeaseTiming.from_lease()
+    assert (timing.lease, timing.skew, timing.checkpoint) == (LEASE, 0.25, 5.0)
+    assert timing.heartbeat == pytest.approx(0.6)
+    assert timing.reconcile == pytest.approx(0.6)
 
 
 def test_service_rolls_back_failed_deployments_and_keeps_capacity(synth: Synthesized) -> None:

@@ -21,10 +21,15 @@ from wsfleet.timing import LeaseTiming
 __all__ = ["LEASE_SECONDS", "TIMING", "Fleet", "WorkerProcess", "now_ms", "wait_until"]
 
 LEASE_SECONDS = 2.0
-TIMING = LeaseTiming.from_lease(LEASE_SECONDS)
-#: Every test worker: scaled lease, quick polls and metrics, the recording handler.
+#: The scaled timings of the contract: lease 2 s, heartbeat 0.5 s, reconcile 0.5 s,
+#: skew 0.2 s, checkpoint interval left at its default.
+TIMING = LeaseTiming.from_lease(LEASE_SECONDS, heartbeat=0.5, reconcile=0.5, skew=0.2)
+#: Every test worker: scaled timings, quick polls and metrics, the recording handler.
 WORKER_SETTINGS = {
     worker_settings.LEASE_SECONDS: str(LEASE_SECONDS),
+    worker_settings.HEARTBEAT_SECONDS: str(TIMING.heartbeat),
+    worker_settings.RECONCILE_SECONDS: str(TIMING.reconcile),
+    worker_settings.MAX_SKEW_SECONDS: str(TIMING.skew),
     worker_settings.SQS_WAIT_SECONDS: "1",
     worker_settings.METRICS_INTERVAL_SECONDS: "1",
 }

@@ -2,18 +2,21 @@ from pathlib import Path
 
 import pytest
 
-from worker.config import ConfigError, WorkerConfig
+from worker.config import ConfigError, WorkerConfig, timing_from_env
+from wsfleet.timing import LeaseTiming
 
 BASE = {"TABLE_NAME": "connections", "QUEUE_URL": "http://q/1/starts"}
 
 
 def test_defaults():
     config = WorkerConfig.from_env(BASE)
-    assert config.timing.lease == 20
+    assert config.timing == LeaseTiming.from_lease(2.5)
+    assert config.timing.lease == 2.5
     assert config.upstream_fail_after == 600
-    assert config.timing.heartbeat == 5
-    assert config.timing.reconcile == 5
-    assert config.timing.skew == 1
+    assert config.timing.heartbeat == pytest.approx(0.6)
+    assert config.timing.reconcile == pytest.approx(0.6)
+    assert config.timing.skew == 0.25
+    assert config.timing.checkpoint == 5
     assert config.max_connections == 500
     assert config.reassign_on_release is True
     assert config.upstream_protocol == "json-seq"
@@ -21,7 +24,7 @@ def test_defaults():
     assert config.metrics_namespace == "WebSocketFleet"
     assert config.service_name == "websocket-fleet"
     assert config.handler is None
-    assert config.ping_interval == 5
+    assert config.ping_interval == 1.0  # a heartbeat, and never under a second
 
 
 def test_worker_ids_are_unique_per_process_by_default():
@@ -43,12 +46,14 @@ def test_overrides():
         "SERVICE_NAME": "svc",
         "HEALTH_FILE": "/tmp/h",
         "UPSTREAM_FAIL_AFTER_SECONDS": "2.5",
+        "CHECKPOINT_SECONDS": "7.5",
     }
     config = WorkerConfig.from_env(env)
     assert config.upstream_fail_after == 2.5
     assert config.worker_id == "w-1"
     assert (config.timing.lease, config.timing.heartbeat) == (2, 0.4)
     assert (config.timing.reconcile, config.timing.skew) == (0.5, 0.1)
+    assert config.timing.checkpoint == 7.5
     assert config.max_connections == 3
     assert config.reassign_on_release is False
     assert config.handler_errors == "skip"
@@ -64,7 +69,11 @@ def test_overrides():
         ({"TABLE_NAME": "t"}, "QUEUE_URL is required"),
         (BASE | {"LEASE_SECONDS": "abc"}, "LEASE_SECONDS must be a number"),
         (BASE | {"LEASE_SECONDS": "-2"}, "LEASE_SECONDS must be > 0"),
-        (BASE | {"HEARTBEAT_SECONDS": "9"}, "two renew attempts"),
+        (BASE | {"HEARTBEAT_SECONDS": "9"}, "3 renew attempts"),
+        (BASE | {"CHECKPOINT_SECONDS": "often"}, "CHECKPOINT_SECONDS must be a number"),
+        (BASE | {"CHECKPOINT_SECONDS": "0"}, "checkpoint must be > 0 s"),
+        (BASE | {"CHECKPOINT_SECONDS": "-5"}, "checkpoint must be > 0 s"),
+        (BASE | {"CHECKPOINT_SECONDS": "301"}, "checkpoint must be <= 300.0 s"),
         (BASE | {"MAX_CONNECTIONS": "0"}, "MAX_CONNECTIONS must be >= 1"),
         (BASE | {"MAX_CONNECTIONS": "many"}, "MAX_CONNECTIONS must be an integer"),
         (BASE | {"REASSIGN_ON_RELEASE": "maybe"}, "REASSIGN_ON_RELEASE must be true or false"),
@@ -78,3 +87,17 @@ def test_overrides():
 def test_bad_settings_fail_fast_naming_the_variable(env, fragment):
     with pytest.raises(ConfigError, match=fragment):
         WorkerConfig.from_env(env)
+
+
+@pytest.mark.parametrize(
+    ("raw", "seconds"),
+    [("", 5.0), ("   ", 5.0), ("1", 1.0), (" 7.5 ", 7.5), ("300", 300.0), ("0.25", 0.25)],
+)
+def test_checkpoint_seconds(raw, seconds):
+    assert timing_from_env({"CHECKPOINT_SECONDS": raw}).checkpoint == seconds
+
+
+def test_a_timing_error_names_the_timing_rule():
+    with pytest.raises(ConfigError) as raised:
+        timing_from_env({"CHECKPOINT_SECONDS": "301"})
+    assert str(raised.value) == "invalid lease timing: checkpoint must be <= 300.0 s, got 301.0"

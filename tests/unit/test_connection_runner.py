@@ -1,5 +1,12 @@
-"""One connection runner in-process against a real feed on loopback and a scripted
-lease store: fencing when DynamoDB is unreachable, and the ending order."""
+"""One connection runner in-process against a real feed on loopback and a fake lease
+store: the ending order, the release and its retries, the handler's failures, the
+reader against upstreams that misbehave.
+
+The runner does not renew anything itself: the worker renews its session and calls
+``session_renewed(sent_at)`` on every runner after each renew that landed. Here a
+stand-in for that keeper (:func:`start`) reports a renew every heartbeat; tests of the
+fence itself (test_runner_fencing) leave it out or call ``session_renewed`` by hand.
+"""
 
 from __future__ import annotations
 
@@ -31,54 +38,45 @@ from worker.delivery import Delivery
 from worker.metrics import FleetMetrics
 from worker.upstream_protocol import JsonSeqProtocol
 from wsfleet import metric_names as m
-from wsfleet.lease_rules import Lease, RenewRefusal
-from wsfleet.lease_store import Released, Renewed
+from wsfleet.checkpoint_page import PageEntry
+from wsfleet.lease_rules import Lease
+from wsfleet.lease_store import Released
 from wsfleet.timing import LeaseTiming
 
 pytestmark = pytest.mark.timeout(30)
 
-TIMING = LeaseTiming.from_lease(1.0)  # heartbeat 0.25, skew 0.05, margin 0.1: fence after 0.85
+TIMING = LeaseTiming.from_lease(1.0, heartbeat=0.25, skew=0.05)
+"""Margin 0.1: the fence falls 0.85 s after a renew was sent."""
+EPOCH = 4
+SEQ_GEN = 2
 
 
 class _Crash(BaseException):
-    """Escapes the renewer's error handling, as a bug would."""
+    """Escapes every error handling of the runner, as a bug would."""
 
 
 @dataclass
-class ScriptedStore:
-    """Stands in for LeaseStore: renews answer as scripted, releases are recorded."""
+class FakeStore:
+    """Stands in for LeaseStore: records releases, parks and failing marks; the first
+    ``release_errors`` release attempts raise, as a throttle would."""
 
-    renew_answer: object = "ok"  # "ok", "hang", an exception or a RenewRefusal
     releases: list[tuple[int, int]] = field(default_factory=list)
-    unblock: threading.Event = field(default_factory=threading.Event)
-    renews: int = 0
-    release_errors: int = 0  # the first N release attempts raise, as a throttle would
+    """(epoch, final checkpoint) of each release that landed."""
+    release_errors: int = 0
     release_attempts: int = 0
     release_attempted_at: list[float] = field(default_factory=list)  # time.monotonic()
     release_restarted: bool = False  # what a successful release reports as `restarted`
     parks: list[tuple[int, int, str]] = field(default_factory=list)
     failing_marks: list[int | None] = field(default_factory=list)  # None: cleared
-
-    def renew(self, lease: Lease, last_seq: int, now_ms: int) -> Renewed | RenewRefusal:
-        self.renews += 1
-        answer = self.renew_answer
-        if answer == "crash":
-            raise _Crash("a bug, not an AWS error")
-        if answer == "hang":
-            self.unblock.wait(5)
-            raise TimeoutError("partitioned")
-        if isinstance(answer, Exception):
-            raise answer
-        if isinstance(answer, RenewRefusal):
-            return answer
-        return Renewed(now_ms + TIMING.lease_ms)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def release(self, lease: Lease, last_seq: int, now_ms: int) -> Released:
-        self.release_attempts += 1
-        self.release_attempted_at.append(time.monotonic())
-        if self.release_attempts <= self.release_errors:
-            raise ConnectionError("throttled")
-        self.releases.append((lease.epoch, last_seq))
+        with self._lock:
+            self.release_attempts += 1
+            self.release_attempted_at.append(time.monotonic())
+            if self.release_attempts <= self.release_errors:
+                raise ConnectionError("throttled")
+            self.releases.append((lease.epoch, last_seq))
         return Released(released=True, restarted=self.release_restarted, checkpointed=True)
 
     def park(self, lease: Lease, last_seq: int, reason: str, now_ms: int) -> Released:
@@ -96,8 +94,8 @@ class ScriptedStore:
 
 class Recorder:
     """Records handler calls. ``delay``: seconds each call takes; ``slow_from``: only
-    calls from this seq on take that long. ``on_seq``: a hook run inside the call of
-    that seq, before it returns (it may raise)."""
+    calls from this seq on take that long. ``on_seq``: a hook run inside the first
+    call of that seq, before it returns (it may raise)."""
 
     def __init__(
         self,
@@ -108,13 +106,15 @@ class Recorder:
     ) -> None:
         self.entered: list[tuple[float, int]] = []
         self.finished: list[int] = []
+        self.finished_at: list[tuple[float, int]] = []
         self.deliveries: list[Delivery] = []
         self.delay = delay
         self.slow_from = slow_from
         self.on_seq = dict(on_seq or {})
 
     async def handle(self, delivery: Delivery) -> None:
-        self.entered.append((asyncio.get_running_loop().time(), delivery.seq))
+        loop = asyncio.get_running_loop()
+        self.entered.append((loop.time(), delivery.seq))
         self.deliveries.append(delivery)
         hook = self.on_seq.pop(delivery.seq, None)
         if hook is not None:
@@ -122,6 +122,10 @@ class Recorder:
         if self.delay and delivery.seq >= self.slow_from:
             await asyncio.sleep(self.delay)
         self.finished.append(delivery.seq)
+        self.finished_at.append((loop.time(), delivery.seq))
+
+    def entered_seqs(self) -> list[int]:
+        return [seq for _, seq in self.entered]
 
 
 @pytest.fixture
@@ -140,9 +144,16 @@ def new_metrics() -> FleetMetrics:
 
 
 def make_runner(
-    store: ScriptedStore, handler: Recorder, url: str, **overrides: Any
+    store: FakeStore,
+    handler: Recorder,
+    url: str,
+    *,
+    deadline: float | None = None,
+    **overrides: Any,
 ) -> ConnectionRunner:
-    """``overrides``: ConnectionSettings fields to set (metrics, rng, ping_interval...)."""
+    """``deadline``: the session's fence deadline at the acquire (by default, as if the
+    session had been renewed this instant); ``overrides``: ConnectionSettings fields
+    to set (metrics, rng, ping_interval...)."""
     settings = ConnectionSettings(
         store=store,  # type: ignore[arg-type]
         handler=handler,
@@ -155,190 +166,128 @@ def make_runner(
         ping_interval=1.0,
     )
     settings = dataclasses.replace(settings, **overrides)
-    lease = Lease("c1", "w-test", epoch=4, start_gen=1, ws_url=url, last_seq=0, expires_at_ms=0)
-    return ConnectionRunner(settings, lease, asyncio.get_running_loop().time())
+    lease = Lease("c1", "w-test", EPOCH, 1, url, 0, session_gen=1, seq_gen=SEQ_GEN)
+    loop = asyncio.get_running_loop()
+    return ConnectionRunner(
+        settings, lease, loop.time() + TIMING.fence_after if deadline is None else deadline
+    )
 
 
-async def wait_for(predicate, within: float) -> None:
+def start(runner: ConnectionRunner, *, renew: bool = True) -> asyncio.Task[Outcome]:
+    """Run the connection. With ``renew``, a stand-in for the worker's session keeper
+    reports a renew that landed (sent that instant) every heartbeat until it ends."""
+    task = asyncio.create_task(runner.run(), name="run:c1")
+    if renew:
+
+        async def keep() -> None:
+            loop = asyncio.get_running_loop()
+            while not task.done():
+                await asyncio.sleep(TIMING.heartbeat)
+                runner.session_renewed(loop.time())
+
+        keeper = asyncio.create_task(keep(), name="session-keeper")
+        task.add_done_callback(lambda _: keeper.cancel())
+    return task
+
+
+async def wait_for(predicate: Callable[[], object], within: float) -> None:
     """Poll a condition that other tasks make true, with a deadline."""
     async with asyncio.timeout(within):
         while not predicate():  # noqa: ASYNC110 - the state has no event to wait on
             await asyncio.sleep(0.01)
 
 
-async def test_unreachable_dynamodb_fences_before_the_lease_can_be_taken(feed_url):
-    store = ScriptedStore(renew_answer="hang")
-    handler = Recorder()
-    runner = make_runner(store, handler, feed_url)
-    deadline = runner.fence_deadline
-    outcome = await asyncio.wait_for(runner.run(), 3)
-    store.unblock.set()
-    assert outcome.ending is Ending.FENCED
-    assert handler.entered, "messages flowed before the partition mattered"
-    assert all(t < deadline for t, _ in handler.entered)
-    assert store.releases == [(4, outcome.last_seq)]  # one conditional release attempt
+# --- running, and how it ends ----------------------------------------------------------
 
 
-async def test_renew_errors_alone_fence_too(feed_url):
-    store = ScriptedStore(renew_answer=ConnectionError("throttled"))
-    handler = Recorder()
-    runner = make_runner(store, handler, feed_url)
-    deadline = runner.fence_deadline
-    outcome = await asyncio.wait_for(runner.run(), 3)
-    assert outcome.ending is Ending.FENCED
-    assert store.renews >= 2  # retried before giving up
-    assert all(t < deadline for t, _ in handler.entered)
-
-
-async def test_successful_renews_keep_it_running_past_the_first_deadline(feed_url):
-    store = ScriptedStore()
+async def test_session_renews_keep_it_running_past_the_first_deadline(feed_url):
+    store = FakeStore()
     handler = Recorder()
     runner = make_runner(store, handler, feed_url)
     first_deadline = runner.fence_deadline
-    task = asyncio.create_task(runner.run())
-    loop = asyncio.get_running_loop()
+    task = start(runner)
     await wait_for(lambda: any(t > first_deadline + 0.2 for t, _ in handler.entered), 5)
-    assert loop.time() > first_deadline
+    assert runner.fence_deadline > first_deadline
+    outcome = await stop_and_wait(runner, task)
+    assert (outcome.ending, outcome.released, outcome.restarted) == (Ending.SHUTDOWN, True, False)
+    assert handler.finished == list(range(1, len(handler.finished) + 1))
+    assert store.releases == [(EPOCH, handler.finished[-1])]
+
+
+async def test_a_graceful_stop_drains_the_call_in_flight_then_releases_with_it(feed_url):
+    store = FakeStore()
+    handler = Recorder(delay=0.3)
+    runner = make_runner(store, handler, feed_url)
+    task = start(runner)
+    await wait_for(lambda: len(handler.entered) >= 2, 5)  # the second call is in flight
+    assert store.releases == []
     runner.stop()
     outcome = await asyncio.wait_for(task, 3)
-    assert outcome.ending is Ending.SHUTDOWN
-    assert outcome.released
-    assert store.releases == [(4, handler.finished[-1])]
+    assert handler.finished == handler.entered_seqs()  # none cut short
+    assert outcome.last_seq == handler.finished[-1] == 2
+    assert store.releases == [(EPOCH, 2)]  # released after the drain, with its checkpoint
 
 
 @pytest.mark.parametrize(
-    ("refusal", "ending", "releases"),
+    ("ending", "release_saw_restart", "released", "restarted", "leases_lost"),
     [
-        (RenewRefusal.STOPPED, Ending.STOPPED, True),
-        (RenewRefusal.RESTARTED, Ending.RESTARTED, True),
-        (RenewRefusal.LOST, Ending.LOST, False),
-        (RenewRefusal.GONE, Ending.GONE, False),
+        (Ending.SHUTDOWN, False, True, False, 0),
+        (Ending.STOPPED, False, True, False, 0),
+        (Ending.STOPPED, True, True, True, 0),  # started again after the stop
+        (Ending.RESTARTED, False, True, True, 0),
+        (Ending.LOST, False, False, False, 1),
+        (Ending.GONE, False, False, False, 0),
     ],
 )
-async def test_renew_refusals_end_the_connection(feed_url, refusal, ending, releases):
-    store = ScriptedStore()
+async def test_what_each_ending_does_and_reports(
+    feed_url, ending, release_saw_restart, released, restarted, leases_lost
+):
+    metrics = new_metrics()
+    store = FakeStore(release_restarted=release_saw_restart)
     handler = Recorder()
-    runner = make_runner(store, handler, feed_url)
-    task = asyncio.create_task(runner.run())
+    runner = make_runner(store, handler, feed_url, metrics=metrics)
+    task = start(runner)
     await wait_for(lambda: len(handler.finished) >= 3, 5)
-    store.renew_answer = refusal
+    runner.stop(ending)
     outcome = await asyncio.wait_for(task, 3)
     assert outcome.ending is ending
+    assert (outcome.released, outcome.restarted) == (released, restarted)
     assert outcome.last_seq == handler.finished[-1]
-    assert store.releases == ([(4, outcome.last_seq)] if releases else [])
+    assert store.releases == ([(EPOCH, outcome.last_seq)] if released else [])
+    counts = metrics.snapshot()
+    assert counts[m.LEASES_LOST] == leases_lost
+    assert counts[m.LEASES_RELEASED] == int(released)
+    assert counts[m.RENEW_FAILURES] == 0  # session renews are the worker's to count
 
 
-async def test_shutdown_lets_the_handler_call_in_flight_finish(feed_url):
-    store = ScriptedStore()
-    handler = Recorder(delay=0.3)
-    runner = make_runner(store, handler, feed_url)
-    task = asyncio.create_task(runner.run())
-    await wait_for(lambda: len(handler.entered) >= 2, 5)  # the second call is in flight
-    runner.stop()
+async def test_the_first_ending_decided_wins(feed_url):
+    store = FakeStore()
+    runner = make_runner(store, Recorder(), feed_url)
+    task = start(runner)
+    runner.stop(Ending.LOST)
+    runner.stop(Ending.SHUTDOWN)
     outcome = await asyncio.wait_for(task, 3)
-    assert handler.finished == [seq for _, seq in handler.entered]  # none cut short
-    assert outcome.last_seq == handler.finished[-1] == 2
-    assert store.releases == [(4, 2)]
+    assert (outcome.ending, outcome.released) == (Ending.LOST, False)
+    assert store.releases == []
 
 
-async def test_a_crashed_task_fences_the_connection_instead_of_hanging(feed_url):
-    store = ScriptedStore()
-    handler = Recorder()
-    runner = make_runner(store, handler, feed_url)
-    task = asyncio.create_task(runner.run())
-    await wait_for(lambda: len(handler.finished) >= 2, 5)
-    store.renew_answer = "crash"
-    outcome = await asyncio.wait_for(task, 3)
-    assert outcome.ending is Ending.FENCED
-
-
-# --- hardening: every ending releases, a held lease always means messages flow -------
-
-
-async def test_a_handler_raising_cancelled_error_is_a_handler_failure_not_a_silent_hold(
-    feed_url,
-):
-    """A handler that raises CancelledError on its own (a pool cancelling its futures)
-    must not end the reader as "cancelled" and leave the lease renewed with nothing
-    delivered: it is a handler failure, retried, and the connection keeps flowing."""
-
-    async def cancelled() -> None:
-        raise asyncio.CancelledError
-
-    store = ScriptedStore()
-    handler = Recorder(on_seq={3: cancelled})
-    runner = make_runner(store, handler, feed_url)
-    task = asyncio.create_task(runner.run())
-    await wait_for(lambda: len(handler.finished) >= 8, 5)
-    assert [seq for _, seq in handler.entered].count(3) == 2  # failed once, then retried
-    assert handler.finished[:8] == list(range(1, 9))
-    runner.stop()
-    outcome = await asyncio.wait_for(task, 3)
-    assert outcome.ending is Ending.SHUTDOWN
-
-
-async def test_a_stop_bounds_the_call_in_flight_by_the_deadline_of_that_moment(feed_url):
-    """Renews go on during a graceful ending; they must not stretch the deadline of
-    the call in flight, or a slow handler holds the shutdown open without end."""
-    store = ScriptedStore()
+async def test_a_lost_session_cuts_the_call_in_flight_without_a_handler_error(feed_url):
+    metrics = new_metrics()
+    store = FakeStore()
     handler = Recorder(delay=30.0, slow_from=3)
-    runner = make_runner(store, handler, feed_url)
-    task = asyncio.create_task(runner.run())
-    await wait_for(lambda: len(handler.entered) >= 3, 5)  # seq 3 is in flight, slowly
+    runner = make_runner(store, handler, feed_url, metrics=metrics)
+    task = start(runner)
+    await wait_for(lambda: len(handler.entered) >= 3, 5)
     loop = asyncio.get_running_loop()
-    stopped_at = loop.time()
-    deadline_at_stop = runner.fence_deadline
-    runner.stop()
-    outcome = await asyncio.wait_for(task, 2 * TIMING.fence_after)
-    assert loop.time() <= deadline_at_stop + 0.5
-    assert loop.time() - stopped_at < 2 * TIMING.fence_after
-    assert handler.finished == [1, 2]  # seq 3 was cut short, so it is not checkpointed
-    assert store.renews >= 1
-    assert (outcome.ending, outcome.last_seq, outcome.released) == (Ending.SHUTDOWN, 2, True)
-    assert store.releases == [(4, 2)]
-
-
-async def test_cancelling_run_still_releases_with_the_final_checkpoint(feed_url):
-    """A shutdown that runs out of patience cancels the runner: the lease must still
-    be given back with the checkpoint, not left to lapse."""
-    store = ScriptedStore()
-    handler = Recorder(delay=30.0, slow_from=4)
-    runner = make_runner(store, handler, feed_url)
-    task = asyncio.create_task(runner.run())
-    await wait_for(lambda: len(handler.entered) >= 4, 5)
-    runner.stop()  # draining seq 4 ...
-    await asyncio.sleep(0)
-    task.cancel()  # ... and cancelled while draining
-    with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(task, 3)
-    assert store.releases == [(4, 3)]
-
-
-async def stop_after(store: ScriptedStore, url: str, handled: int) -> Outcome:
-    """Run a connection until ``handled`` messages were handled, stop it and wait
-    (for up to twice the release budget) for its outcome."""
-    handler = Recorder()
-    runner = make_runner(store, handler, url)
-    task = asyncio.create_task(runner.run())
-    await wait_for(lambda: len(handler.finished) >= handled, 5)
-    runner.stop()
-    return await asyncio.wait_for(task, 2 * TIMING.release_budget)
-
-
-async def test_a_failed_release_is_retried(feed_url):
-    store = ScriptedStore(release_errors=2)
-    outcome = await stop_after(store, feed_url, 3)
-    assert store.release_attempts == 3
-    assert outcome.released
-    assert store.releases == [(4, outcome.last_seq)]
-    assert outcome.last_seq >= 3
-
-
-async def test_a_release_that_keeps_failing_gives_up_within_its_budget(feed_url):
-    store = ScriptedStore(release_errors=1_000)
-    outcome = await stop_after(store, feed_url, 1)
-    assert not outcome.released
-    assert store.release_attempts > 2
+    lost_at = loop.time()
+    runner.stop(Ending.LOST)
+    outcome = await asyncio.wait_for(task, 3)
+    assert loop.time() - lost_at < 1.0  # at once: no drain for a lost session
+    await asyncio.wait_for(runner.wait_closed(), 3)
+    assert (outcome.ending, outcome.last_seq, outcome.released) == (Ending.LOST, 2, False)
+    assert handler.finished == [1, 2]
+    assert store.releases == []
+    assert metrics.snapshot()[m.HANDLER_ERRORS] == 0
 
 
 @pytest.mark.parametrize("ending", [Ending.LOST, Ending.GONE, Ending.FENCED])
@@ -350,14 +299,314 @@ async def test_an_ending_that_is_not_graceful_stops_new_calls_in_the_same_step(f
     async def lose_it() -> None:
         await asyncio.sleep(0.2)  # let frames 4, 5, ... pile up in the socket
         assert runner is not None
-        runner.stop(ending)  # what the renewer does when it sees another owner
+        runner.stop(ending)  # what the worker does when its session was reaped
 
-    store = ScriptedStore()
+    store = FakeStore()
     handler = Recorder(on_seq={3: lose_it})
     runner = make_runner(store, handler, feed_url)
-    outcome = await asyncio.wait_for(runner.run(), 3)
+    outcome = await asyncio.wait_for(start(runner), 3)
     assert outcome.ending is ending
-    assert [seq for _, seq in handler.entered] == [1, 2, 3]
+    assert handler.entered_seqs() == [1, 2, 3]
+
+
+async def test_a_stop_bounds_the_call_in_flight_by_the_deadline_of_that_moment(feed_url):
+    """Session renews go on during a graceful ending; they must not stretch the
+    deadline of the call in flight, or a slow handler holds the shutdown open."""
+    store = FakeStore()
+    handler = Recorder(delay=30.0, slow_from=3)
+    runner = make_runner(store, handler, feed_url)
+    task = start(runner)
+    await wait_for(lambda: len(handler.entered) >= 3, 5)  # seq 3 is in flight, slowly
+    loop = asyncio.get_running_loop()
+    stopped_at = loop.time()
+    deadline_at_stop = runner.fence_deadline
+    runner.stop()
+    outcome = await asyncio.wait_for(task, 2 * TIMING.fence_after)
+    assert runner.fence_deadline > deadline_at_stop  # renews did land meanwhile
+    assert loop.time() <= deadline_at_stop + 0.5
+    assert loop.time() - stopped_at < 2 * TIMING.fence_after
+    assert handler.finished == [1, 2]  # seq 3 was cut short, so it is not checkpointed
+    assert (outcome.ending, outcome.last_seq, outcome.released) == (Ending.SHUTDOWN, 2, True)
+    assert store.releases == [(EPOCH, 2)]
+
+
+async def test_cancelling_run_still_releases_with_the_final_checkpoint(feed_url):
+    """A shutdown that runs out of patience cancels the runner: the lease must still
+    be given back with the checkpoint, not left to the next owner's takeover."""
+    store = FakeStore()
+    handler = Recorder(delay=30.0, slow_from=4)
+    runner = make_runner(store, handler, feed_url)
+    task = start(runner)
+    await wait_for(lambda: len(handler.entered) >= 4, 5)
+    runner.stop()  # draining seq 4 ...
+    await asyncio.sleep(0)
+    task.cancel()  # ... and cancelled while draining
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 3)
+    assert store.releases == [(EPOCH, 3)]
+
+
+# --- the handler's failures -----------------------------------------------------------
+
+
+async def test_a_handler_raising_cancelled_error_is_a_handler_failure_not_a_silent_hold(
+    feed_url,
+):
+    """A handler that raises CancelledError on its own (a pool cancelling its futures)
+    must not end the reader as "cancelled" and leave the lease held with nothing
+    delivered: it is a handler failure, retried, and the connection keeps flowing."""
+
+    async def cancelled() -> None:
+        raise asyncio.CancelledError
+
+    metrics = new_metrics()
+    store = FakeStore()
+    handler = Recorder(on_seq={3: cancelled})
+    runner = make_runner(store, handler, feed_url, metrics=metrics)
+    task = start(runner)
+    await wait_for(lambda: len(handler.finished) >= 8, 5)
+    assert handler.entered_seqs().count(3) == 2  # failed once, then retried
+    assert handler.finished[:8] == list(range(1, 9))
+    assert metrics.snapshot()[m.HANDLER_ERRORS] == 1
+    outcome = await stop_and_wait(runner, task)
+    assert outcome.ending is Ending.SHUTDOWN
+
+
+async def test_a_handler_that_raises_timeout_error_itself_is_retried_not_paused(feed_url):
+    async def times_out() -> None:
+        raise TimeoutError("the handler's own call timed out")
+
+    metrics = new_metrics()
+    store = FakeStore()
+    handler = Recorder(on_seq={2: times_out})
+    runner = make_runner(store, handler, feed_url, metrics=metrics, rng=MaxJitter())
+    task = start(runner)
+    await wait_for(lambda: len(handler.finished) >= 4, 5)
+    outcome = await stop_and_wait(runner, task)
+    entries = [t for t, seq in handler.entered if seq == 2]
+    assert len(entries) == 2
+    assert 0.1 <= entries[1] - entries[0] < 0.1 + 0.3  # the first retry waits 0.1 s
+    assert handler.finished[:4] == [1, 2, 3, 4]
+    counts = metrics.snapshot()
+    assert (counts[m.HANDLER_ERRORS], counts[m.UPSTREAM_RECONNECTS]) == (1, 0)
+    assert outcome.ending is Ending.SHUTDOWN
+
+
+async def test_skip_mode_moves_past_a_failed_message_once(feed_url):
+    async def fails() -> None:
+        raise ValueError("bad message")
+
+    metrics = new_metrics()
+    store = FakeStore()
+    handler = Recorder(on_seq={3: fails})
+    runner = make_runner(store, handler, feed_url, metrics=metrics, skip_failed_messages=True)
+    task = start(runner)
+    await wait_for(lambda: len(handler.finished) >= 5, 5)
+    outcome = await stop_and_wait(runner, task)
+    entered = handler.entered_seqs()
+    assert entered == list(range(1, len(entered) + 1))  # 3 was called once, then left
+    assert 3 not in handler.finished
+    counts = metrics.snapshot()
+    assert (counts[m.HANDLER_ERRORS], counts[m.UPSTREAM_RECONNECTS]) == (1, 0)
+    assert outcome.last_seq >= 6
+
+
+async def test_a_slow_handler_runs_on_while_the_session_is_renewed(feed_url):
+    """A call longer than the fence span is not cut while renews keep moving the
+    deadline of the call in flight."""
+    metrics = new_metrics()
+    store = FakeStore()
+    handler = Recorder(delay=TIMING.fence_after + 0.3, slow_from=2)
+    runner = make_runner(store, handler, feed_url + "?count=2", metrics=metrics)
+    task = start(runner)
+    await wait_for(lambda: handler.finished == [1, 2], 5)
+    assert handler.entered_seqs() == [1, 2]  # seq 2 called once, not cut and retried
+    assert not task.done()
+    outcome = await stop_and_wait(runner, task)
+    assert (outcome.ending, outcome.last_seq) == (Ending.SHUTDOWN, 2)
+    assert metrics.snapshot()[m.HANDLER_ERRORS] == 0
+
+
+# --- the page entry ------------------------------------------------------------------
+
+
+async def test_the_page_entry_reports_only_handled_seqs(feed_url):
+    release_three = asyncio.Event()
+    store = FakeStore()
+    handler = Recorder(on_seq={3: release_three.wait})
+    runner = make_runner(store, handler, feed_url)
+    loop = asyncio.get_running_loop()
+
+    def entry() -> PageEntry:
+        return runner.page_entry(loop.time(), time.time_ns() // 1_000_000)
+
+    before = entry()
+    assert (before.epoch, before.seq_gen, before.seq, before.advanced_at_ms) == (
+        EPOCH,
+        SEQ_GEN,
+        0,
+        None,
+    )
+    task = start(runner)
+    await wait_for(lambda: handler.entered_seqs()[-1:] == [3], 5)  # 3 in flight
+    await asyncio.sleep(0.1)
+    now, now_ms = loop.time(), time.time_ns() // 1_000_000
+    during = runner.page_entry(now, now_ms)
+    assert (during.epoch, during.seq_gen, during.seq) == (EPOCH, SEQ_GEN, 2)
+    # When seq moved to 2 (its call returned), on the wall clock of the page write.
+    [handled_two_at] = [t for t, seq in handler.finished_at if seq == 2]
+    assert during.advanced_at_ms == pytest.approx(now_ms - (now - handled_two_at) * 1000, abs=50)
+    assert during.advanced_at_ms is not None
+    assert during.advanced_at_ms <= now_ms - 100
+    release_three.set()
+    await wait_for(lambda: 3 in handler.finished, 5)
+    assert entry().seq >= 3
+    outcome = await stop_and_wait(runner, task)
+    assert entry().seq == outcome.last_seq
+
+
+# --- crashes and cancellations from outside --------------------------------------------
+
+
+async def test_a_reader_cancelled_from_outside_fences_and_releases(feed_url, caplog):
+    """Whenever the reader ends while the connection is not ending, even cancelled by
+    something other than the runner, the connection fences and releases."""
+    caplog.set_level(logging.INFO, logger="worker.connection")
+    metrics = new_metrics()
+    store = FakeStore()
+    handler = Recorder()
+    runner = make_runner(store, handler, feed_url, metrics=metrics)
+    task = start(runner)
+    await wait_for(lambda: len(handler.finished) >= 2, 5)
+    (reader,) = [t for t in asyncio.all_tasks() if t.get_name() == "read:c1"]
+    reader.cancel()
+    outcome = await asyncio.wait_for(task, 3)
+    assert (outcome.ending, outcome.released) == (Ending.FENCED, True)
+    assert store.releases == [(EPOCH, outcome.last_seq)]
+    assert outcome.last_seq == handler.finished[-1]
+    assert metrics.snapshot()[m.LEASES_LOST] == 1
+    records = {r.getMessage(): r for r in caplog.records}
+    assert records["connection task ended unexpectedly"].error == "cancelled"
+    fenced = [r for r in caplog.records if r.getMessage() == "fenced: stop handling"]
+    assert len(fenced) == 1  # said once, when it happened
+    assert records["connection ended"].released is True
+
+
+class CrashingProtocol(JsonSeqProtocol):
+    """Its resume URL raises a bug on the second connection."""
+
+    def __init__(self) -> None:
+        self.urls = 0
+
+    def resume_url(self, ws_url: str, last_seq: int) -> str:
+        self.urls += 1
+        if self.urls > 1:
+            raise _Crash("a bug, not an upstream error")
+        return super().resume_url(ws_url, last_seq)
+
+
+async def test_a_crashed_reader_fences_releases_and_says_what_ended_it(feed_url, caplog):
+    caplog.set_level(logging.INFO, logger="worker.connection")
+    store = FakeStore()
+    handler = Recorder()
+    runner = make_runner(store, handler, feed_url + "?close_after=3", protocol=CrashingProtocol())
+    outcome = await asyncio.wait_for(start(runner), 3)
+    assert (outcome.ending, outcome.last_seq, outcome.released) == (Ending.FENCED, 3, True)
+    assert store.releases == [(EPOCH, 3)]
+    records = {r.getMessage(): r for r in caplog.records}
+    assert records["connection task ended unexpectedly"].error == repr(
+        _Crash("a bug, not an upstream error")
+    )
+
+
+# --- the release -----------------------------------------------------------------------
+
+
+async def stop_after(store: FakeStore, url: str, handled: int) -> Outcome:
+    """Run a connection until ``handled`` messages were handled, stop it and wait
+    (for up to twice the release budget) for its outcome."""
+    handler = Recorder()
+    runner = make_runner(store, handler, url)
+    task = start(runner)
+    await wait_for(lambda: len(handler.finished) >= handled, 5)
+    runner.stop()
+    return await asyncio.wait_for(task, 2 * TIMING.release_budget)
+
+
+async def test_a_failed_release_is_retried(feed_url):
+    store = FakeStore(release_errors=2)
+    outcome = await stop_after(store, feed_url, 3)
+    assert store.release_attempts == 3
+    assert outcome.released
+    assert store.releases == [(EPOCH, outcome.last_seq)]
+    assert outcome.last_seq >= 3
+
+
+async def test_a_release_that_keeps_failing_gives_up_within_its_budget(feed_url):
+    store = FakeStore(release_errors=1_000)
+    outcome = await stop_after(store, feed_url, 1)
+    assert not outcome.released
+    assert store.release_attempts > 2
+    assert store.releases == []
+
+
+async def test_release_retries_back_off_from_fifty_ms_up_to_half_a_heartbeat(feed_url):
+    store = FakeStore(release_errors=5)
+    runner = make_runner(store, Recorder(), feed_url, rng=MaxJitter())
+    task = start(runner)
+    await asyncio.sleep(0.1)
+    outcome = await stop_and_wait(runner, task)
+    assert outcome.released
+    attempts = store.release_attempted_at
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    # 0.05, 0.1, then capped at heartbeat / 2 = 0.125 (a gap is never shorter than its wait)
+    waits = [0.05, 0.1, 0.125, 0.125, 0.125]
+    assert all(gap >= wait - 0.005 for gap, wait in zip(gaps, waits, strict=True)), gaps
+
+
+async def test_release_retries_stop_within_the_release_budget(feed_url):
+    store = FakeStore(release_errors=1_000)
+    runner = make_runner(store, Recorder(), feed_url, rng=MaxJitter())
+    task = start(runner)
+    await asyncio.sleep(0.1)
+    outcome = await stop_and_wait(runner, task, within=2 * TIMING.release_budget)
+    assert not outcome.released
+    # No attempt is sent once the next wait would end past the budget (a retry sent
+    # after it would end 0.125 s or more past it); the last ones come near its end.
+    attempts = store.release_attempted_at
+    assert TIMING.release_budget - 0.25 < attempts[-1] - attempts[0] < TIMING.release_budget + 0.06
+
+
+async def test_a_handler_that_ignores_cancellation_cannot_hold_the_release(feed_url, monkeypatch):
+    """A stop with a call in flight waits for it until the drain deadline, and for a
+    cancelled call only a short while: the lease is released, and the close of the
+    connection gives up on the stuck task."""
+    monkeypatch.setattr(connection, "TASK_STOP_SECONDS", 0.2)
+    let_go = asyncio.Event()
+
+    async def stubborn() -> None:
+        while not let_go.is_set():
+            try:
+                await let_go.wait()
+            except asyncio.CancelledError:
+                continue
+
+    store = FakeStore()
+    handler = Recorder(on_seq={2: stubborn})
+    runner = make_runner(store, handler, feed_url)
+    task = start(runner)
+    try:
+        await wait_for(lambda: len(handler.entered) >= 2, 5)
+        runner.stop()
+        # The drain budget, then 0.2 s for the cancelled call, then the release.
+        outcome = await asyncio.wait_for(asyncio.shield(task), TIMING.drain_budget + 1.5)
+        assert (outcome.ending, outcome.last_seq, outcome.released) == (Ending.SHUTDOWN, 1, True)
+        assert store.releases == [(EPOCH, 1)]
+        await asyncio.wait_for(asyncio.shield(runner.wait_closed()), 1.5)
+    finally:
+        let_go.set()
+    (reader,) = [t for t in asyncio.all_tasks() if t.get_name() == "read:c1"]
+    await asyncio.wait_for(asyncio.shield(reader), 3)
 
 
 # --- the reader against upstreams that misbehave, and the retry schedules -------------
@@ -454,10 +703,10 @@ async def stop_and_wait(runner: ConnectionRunner, task: asyncio.Task[Any], withi
 
 async def test_a_healthy_upstream_is_read_on_one_connection_and_payloads_pass_through(feed_url):
     metrics = new_metrics()
-    store = ScriptedStore()
+    store = FakeStore()
     handler = Recorder()
     runner = make_runner(store, handler, feed_url, metrics=metrics)
-    task = asyncio.create_task(runner.run())
+    task = start(runner)
     await wait_for(lambda: len(handler.finished) >= 12, 5)
     outcome = await stop_and_wait(runner, task)
     assert outcome.ending is Ending.SHUTDOWN
@@ -465,14 +714,10 @@ async def test_a_healthy_upstream_is_read_on_one_connection_and_payloads_pass_th
     assert counts[m.UPSTREAM_RECONNECTS] == 0
     assert counts[m.MESSAGES_PROCESSED] == len(handler.finished) == outcome.last_seq
     first = handler.deliveries[0]
-    assert (first.connection_id, first.epoch, first.seq) == ("c1", 4, 1)
+    assert (first.connection_id, first.epoch, first.seq) == ("c1", EPOCH, 1)
     assert first.payload["seq"] == 1
     assert first.payload["feed"] == "runner"  # the upstream's JSON object, as sent
-    # Renew lateness is measured against the schedule: never negative, and well
-    # inside the fence span, or the connection would have fenced.
-    lateness = metrics.lateness_summary()
-    assert lateness["renews"] >= 1
-    assert 0 <= lateness["max_ms"] < TIMING.fence_after * 1000
+    assert all(d.worker_id == "w-test" and d.epoch == EPOCH for d in handler.deliveries)
 
 
 async def test_pings_unreadable_frames_and_duplicates_do_not_leave_the_connection():
@@ -490,10 +735,10 @@ async def test_pings_unreadable_frames_and_duplicates_do_not_leave_the_connectio
         await up.read_all(ws)
 
     async with upstream(noisy) as up:
-        store = ScriptedStore()
+        store = FakeStore()
         handler = Recorder()
         runner = make_runner(store, handler, up.url)
-        task = asyncio.create_task(runner.run())
+        task = start(runner)
         # Had the runner left the connection at any of the noise, the last message
         # would come on a second connection.
         await wait_for(lambda: len(handler.finished) >= 3, 5)
@@ -506,10 +751,10 @@ async def test_pings_unreadable_frames_and_duplicates_do_not_leave_the_connectio
 
 
 async def test_a_gap_reconnects_from_the_checkpoint_instead_of_skipping(feed_url):
-    store = ScriptedStore()
+    store = FakeStore()
     handler = Recorder()
     runner = make_runner(store, handler, feed_url + "?gap_after=2")
-    task = asyncio.create_task(runner.run())
+    task = start(runner)
     await wait_for(lambda: len(handler.finished) >= 7, 5)
     outcome = await stop_and_wait(runner, task)
     assert outcome.ending is Ending.SHUTDOWN  # a gap is the upstream's fault, not a fence
@@ -525,7 +770,7 @@ async def test_a_gap_reconnects_from_the_checkpoint_instead_of_skipping(feed_url
 )
 async def test_the_frame_size_limit_is_the_configured_one(feed_url, max_bytes, leaves):
     metrics = new_metrics()
-    store = ScriptedStore()
+    store = FakeStore()
     handler = Recorder()
     runner = make_runner(
         store,
@@ -535,7 +780,7 @@ async def test_the_frame_size_limit_is_the_configured_one(feed_url, max_bytes, l
         max_message_bytes=max_bytes,
         rng=MaxJitter(),
     )
-    task = asyncio.create_task(runner.run())
+    task = start(runner)
     await wait_for(lambda: len(handler.finished) >= 3, 5)
     outcome = await stop_and_wait(runner, task)
     assert handler.finished == list(range(1, len(handler.finished) + 1))
@@ -555,9 +800,9 @@ async def test_reconnects_back_off_from_a_quarter_second_and_reset_after_progres
         await ws.close()
 
     async with upstream(flaky) as up:
-        store = ScriptedStore()
+        store = FakeStore()
         runner = make_runner(store, Recorder(), up.url, rng=MaxJitter())
-        task = asyncio.create_task(runner.run())
+        task = start(runner)
         await wait_for(lambda: len(up.connections) >= 4, 5)
         outcome = await stop_and_wait(runner, task)
     gaps = up.gaps()  # each is the wait, plus a connect (and a little noise)
@@ -569,9 +814,9 @@ async def test_reconnects_back_off_from_a_quarter_second_and_reset_after_progres
 
 async def test_an_upstream_that_never_answers_the_handshake_is_retried():
     async with raw_listener(handshake=False) as (url, accepted):
-        store = ScriptedStore()
+        store = FakeStore()
         runner = make_runner(store, Recorder(), url, open_timeout=0.2)
-        task = asyncio.create_task(runner.run())
+        task = start(runner)
         await wait_for(lambda: len(accepted) >= 2, 2)
         outcome = await stop_and_wait(runner, task)
     assert outcome.ending is Ending.SHUTDOWN
@@ -579,12 +824,12 @@ async def test_an_upstream_that_never_answers_the_handshake_is_retried():
 
 async def test_an_upstream_that_stops_answering_pings_is_left_and_resumed(feed_url):
     metrics = new_metrics()
-    store = ScriptedStore()
+    store = FakeStore()
     handler = Recorder()
     runner = make_runner(
         store, handler, feed_url + "?mute_after=3", metrics=metrics, ping_interval=0.2
     )
-    task = asyncio.create_task(runner.run())
+    task = start(runner)
     await wait_for(lambda: len(handler.finished) >= 5, 5)
     outcome = await stop_and_wait(runner, task)
     assert metrics.snapshot()[m.UPSTREAM_RECONNECTS] >= 1
@@ -596,234 +841,18 @@ async def test_the_upstream_close_goes_on_in_the_background_and_is_bounded():
     """An upstream that never answers the close: the release does not wait for it,
     and the close gives up after its one-second timeout."""
     async with raw_listener(handshake=True) as (url, _):
-        store = ScriptedStore()
+        store = FakeStore()
         runner = make_runner(store, Recorder(), url, ping_interval=30.0)
-        task = asyncio.create_task(runner.run())
+        task = start(runner)
         await asyncio.sleep(0.2)  # connected, and idle: no frame ever comes
         loop = asyncio.get_running_loop()
         runner.stop()
         outcome = await asyncio.wait_for(task, 1)
         stopped = loop.time()
-        assert store.releases == [(4, 0)]  # released before the upstream closed
+        assert store.releases == [(EPOCH, 0)]  # released before the upstream closed
         pending = {t.get_name(): t for t in asyncio.all_tasks()}
         assert {"close:c1", "read:c1"} <= set(pending)  # the reader is still closing
         await asyncio.wait_for(runner.wait_closed(), 3)
         assert loop.time() - stopped < 1.6  # the 1 s close timeout, not the 2 s task bound
         assert pending["read:c1"].done()
     assert outcome.ending is Ending.SHUTDOWN
-
-
-async def test_a_handler_that_ignores_cancellation_cannot_hold_the_release(feed_url, monkeypatch):
-    """A stop with a call in flight waits for it until the drain deadline, and for a
-    cancelled call only a short while: the lease is released, and the close of the
-    connection gives up on the stuck task."""
-    monkeypatch.setattr(connection, "TASK_STOP_SECONDS", 0.2)
-    let_go = asyncio.Event()
-
-    async def stubborn() -> None:
-        while not let_go.is_set():
-            try:
-                await let_go.wait()
-            except asyncio.CancelledError:
-                continue
-
-    store = ScriptedStore()
-    handler = Recorder(on_seq={2: stubborn})
-    runner = make_runner(store, handler, feed_url)
-    task = asyncio.create_task(runner.run())
-    try:
-        await wait_for(lambda: len(handler.entered) >= 2, 5)
-        runner.stop()
-        # The drain budget, then 0.2 s for the cancelled call, then the release.
-        outcome = await asyncio.wait_for(asyncio.shield(task), TIMING.drain_budget + 1.5)
-        assert (outcome.ending, outcome.last_seq, outcome.released) == (Ending.SHUTDOWN, 1, True)
-        await asyncio.wait_for(asyncio.shield(runner.wait_closed()), 1.5)
-    finally:
-        let_go.set()
-    (reader,) = [t for t in asyncio.all_tasks() if t.get_name() == "read:c1"]
-    await asyncio.wait_for(asyncio.shield(reader), 3)
-
-
-async def test_an_idle_connection_fences_on_time_when_dynamodb_hangs(feed_url):
-    """No frame comes, so no handler call checks the deadline: the renewer's own bound
-    must fence it."""
-    store = ScriptedStore(renew_answer="hang")
-    runner = make_runner(store, Recorder(), feed_url + "?count=0")
-    deadline = runner.fence_deadline
-    try:
-        outcome = await asyncio.wait_for(runner.run(), 2)
-        assert asyncio.get_running_loop().time() < deadline + 0.5
-    finally:
-        store.unblock.set()
-    assert outcome.ending is Ending.FENCED
-
-
-async def test_a_slow_handler_runs_on_while_the_lease_is_renewed(feed_url):
-    store = ScriptedStore()
-    handler = Recorder(delay=TIMING.fence_after + 0.3, slow_from=2)
-    runner = make_runner(store, handler, feed_url + "?count=2")
-    task = asyncio.create_task(runner.run())
-    await wait_for(lambda: handler.finished == [1, 2], 5)
-    assert not task.done()
-    outcome = await stop_and_wait(runner, task)
-    assert (outcome.ending, outcome.last_seq) == (Ending.SHUTDOWN, 2)
-
-
-async def test_a_handler_that_raises_timeout_error_itself_is_retried_not_fenced(feed_url):
-    async def times_out() -> None:
-        raise TimeoutError("the handler's own call timed out")
-
-    metrics = new_metrics()
-    store = ScriptedStore()
-    handler = Recorder(on_seq={2: times_out})
-    runner = make_runner(store, handler, feed_url, metrics=metrics, rng=MaxJitter())
-    task = asyncio.create_task(runner.run())
-    await wait_for(lambda: len(handler.finished) >= 4, 5)
-    outcome = await stop_and_wait(runner, task)
-    entries = [t for t, seq in handler.entered if seq == 2]
-    assert len(entries) == 2
-    assert 0.1 <= entries[1] - entries[0] < 0.1 + 0.3  # the first retry waits 0.1 s
-    assert handler.finished[:4] == [1, 2, 3, 4]
-    counts = metrics.snapshot()
-    assert (counts[m.HANDLER_ERRORS], counts[m.UPSTREAM_RECONNECTS]) == (1, 0)
-    assert outcome.ending is Ending.SHUTDOWN
-
-
-async def test_skip_mode_moves_past_a_failed_message_once(feed_url):
-    async def fails() -> None:
-        raise ValueError("bad message")
-
-    metrics = new_metrics()
-    store = ScriptedStore()
-    handler = Recorder(on_seq={3: fails})
-    runner = make_runner(store, handler, feed_url, metrics=metrics, skip_failed_messages=True)
-    task = asyncio.create_task(runner.run())
-    await wait_for(lambda: len(handler.finished) >= 5, 5)
-    outcome = await stop_and_wait(runner, task)
-    entered = [seq for _, seq in handler.entered]
-    assert entered == list(range(1, len(entered) + 1))  # 3 was called once, then left
-    assert 3 not in handler.finished
-    counts = metrics.snapshot()
-    assert (counts[m.HANDLER_ERRORS], counts[m.UPSTREAM_RECONNECTS]) == (1, 0)
-    assert outcome.last_seq >= 6
-
-
-@pytest.mark.parametrize(
-    ("refusal", "release_saw_restart", "restarted", "renew_failures", "leases_lost"),
-    [
-        (RenewRefusal.RESTARTED, False, True, 0, 0),
-        (RenewRefusal.STOPPED, True, True, 0, 0),  # started again after the stop
-        (RenewRefusal.STOPPED, False, False, 0, 0),
-        (RenewRefusal.LOST, False, False, 1, 1),
-        (RenewRefusal.GONE, False, False, 0, 0),
-    ],
-)
-async def test_what_a_refused_renew_reports(
-    feed_url, refusal, release_saw_restart, restarted, renew_failures, leases_lost
-):
-    metrics = new_metrics()
-    store = ScriptedStore(release_restarted=release_saw_restart)
-    handler = Recorder()
-    runner = make_runner(store, handler, feed_url, metrics=metrics)
-    task = asyncio.create_task(runner.run())
-    await wait_for(lambda: len(handler.finished) >= 2, 5)
-    store.renew_answer = refusal
-    outcome = await asyncio.wait_for(task, 3)
-    assert outcome.restarted is restarted
-    counts = metrics.snapshot()
-    assert (counts[m.RENEW_FAILURES], counts[m.LEASES_LOST]) == (renew_failures, leases_lost)
-
-
-async def test_a_superseded_renew_keeps_the_connection(feed_url):
-    store = ScriptedStore(renew_answer=RenewRefusal.SUPERSEDED)
-    handler = Recorder()
-    runner = make_runner(store, handler, feed_url)
-    task = asyncio.create_task(runner.run())
-    await wait_for(lambda: store.renews >= 1, 5)
-    store.renew_answer = "ok"
-    await wait_for(lambda: store.renews >= 3, 5)
-    assert not task.done()
-    outcome = await stop_and_wait(runner, task)
-    assert outcome.ending is Ending.SHUTDOWN
-
-
-async def test_a_lost_lease_cancels_the_call_in_flight_without_counting_a_handler_error(
-    feed_url,
-):
-    metrics = new_metrics()
-    store = ScriptedStore()
-    handler = Recorder(delay=30.0, slow_from=3)
-    runner = make_runner(store, handler, feed_url, metrics=metrics)
-    task = asyncio.create_task(runner.run())
-    await wait_for(lambda: len(handler.entered) >= 3, 5)
-    runner.stop(Ending.LOST)
-    outcome = await asyncio.wait_for(task, 3)
-    await asyncio.wait_for(runner.wait_closed(), 3)
-    assert (outcome.ending, outcome.last_seq, outcome.released) == (Ending.LOST, 2, False)
-    assert handler.finished == [1, 2]
-    assert metrics.snapshot()[m.HANDLER_ERRORS] == 0
-
-
-@pytest.mark.parametrize("task_name", ["read:c1", "renew:c1"])
-async def test_a_task_cancelled_from_outside_fences_and_releases(feed_url, caplog, task_name):
-    """Whenever the reader or the renewer ends while the connection is not ending, even
-    cancelled by something other than the runner, the connection fences and releases."""
-    caplog.set_level(logging.INFO, logger="worker.connection")
-    store = ScriptedStore()
-    handler = Recorder()
-    runner = make_runner(store, handler, feed_url)
-    task = asyncio.create_task(runner.run())
-    await wait_for(lambda: len(handler.finished) >= 2, 5)
-    (victim,) = [t for t in asyncio.all_tasks() if t.get_name() == task_name]
-    victim.cancel()
-    outcome = await asyncio.wait_for(task, 3)
-    assert outcome.ending is Ending.FENCED
-    assert store.releases == [(4, outcome.last_seq)]
-    records = {r.getMessage(): r for r in caplog.records}
-    assert records["connection task ended unexpectedly"].error == "cancelled"
-    fenced = [r for r in caplog.records if r.getMessage() == "fenced: stop handling"]
-    assert len(fenced) == 1  # said once, when it happened
-    assert records["connection ended"].released is True
-
-
-async def test_a_crashed_task_is_logged_with_what_ended_it(feed_url, caplog):
-    caplog.set_level(logging.INFO, logger="worker.connection")
-    store = ScriptedStore()
-    handler = Recorder()
-    runner = make_runner(store, handler, feed_url)
-    task = asyncio.create_task(runner.run())
-    await wait_for(lambda: len(handler.finished) >= 2, 5)
-    store.renew_answer = "crash"
-    outcome = await asyncio.wait_for(task, 3)
-    assert outcome.ending is Ending.FENCED
-    records = {r.getMessage(): r for r in caplog.records}
-    assert records["connection task ended unexpectedly"].error == repr(
-        _Crash("a bug, not an AWS error")
-    )
-
-
-async def test_release_retries_back_off_from_fifty_ms_up_to_half_a_heartbeat(feed_url):
-    store = ScriptedStore(release_errors=5)
-    runner = make_runner(store, Recorder(), feed_url, rng=MaxJitter())
-    task = asyncio.create_task(runner.run())
-    await asyncio.sleep(0.1)
-    outcome = await stop_and_wait(runner, task)
-    assert outcome.released
-    attempts = store.release_attempted_at
-    gaps = [b - a for a, b in itertools.pairwise(attempts)]
-    # 0.05, 0.1, then capped at heartbeat / 2 = 0.125 (a gap is never shorter than its wait)
-    waits = [0.05, 0.1, 0.125, 0.125, 0.125]
-    assert all(gap >= wait - 0.005 for gap, wait in zip(gaps, waits, strict=True)), gaps
-
-
-async def test_release_retries_stop_within_the_release_budget(feed_url):
-    store = ScriptedStore(release_errors=1_000)
-    runner = make_runner(store, Recorder(), feed_url, rng=MaxJitter())
-    task = asyncio.create_task(runner.run())
-    await asyncio.sleep(0.1)
-    outcome = await stop_and_wait(runner, task, within=2 * TIMING.release_budget)
-    assert not outcome.released
-    # No attempt is sent once the next wait would end past the budget (a retry sent
-    # after it would end 0.125 s or more past it); the last ones come near its end.
-    attempts = store.release_attempted_at
-    assert TIMING.release_budget - 0.25 < attempts[-1] - attempts[0] < TIMING.release_budget + 0.06

@@ -1,48 +1,93 @@
-"""The local live view: table items shown through fleetctl's renderer and rate rule,
-with fixed items and a fixed clock."""
+"""The local live view: one Scan of the table (connections, worker sessions, checkpoint
+pages) shown through the router's view, fleetctl's renderer and its rate rule, with
+fixed items and a fixed clock."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from fleetctl import rates, render
-from lambdas.router.views import connection_view
+from lambdas.router.views import OwnerRecords, connection_view
 from local_stack.fleet_view import (
     WorkerStatus,
     held_by,
     render_lines,
+    sort_table,
     summary,
     views_of,
+    views_of_table,
 )
-from wsfleet.item import ConnectionItem
+from wsfleet import schema
+from wsfleet.checkpoint_page import CheckpointPage, PageEntry, page_item
+from wsfleet.item import ConnectionItem, to_attribute
+from wsfleet.session_rules import SessionItem
 
 NOW_MS = 1_767_225_600_000
+GEN = 1
 
 
-def item(
+def connection(
     connection_id: str,
     *,
     state: str = "STARTED",
     owner: str | None = None,
-    expires_in_ms: int | None = None,
-    epoch: int = 0,
+    epoch: int = 1,
     last_seq: int = 0,
     start_gen: int = 1,
-    updated_at_ms: int | None = NOW_MS - 1_000,
-) -> ConnectionItem:
-    return ConnectionItem(
-        connection_id=connection_id,
-        desired_state=state,
-        ws_url=f"ws://127.0.0.1:8765/{connection_id}",
-        lease_owner=owner,
-        lease_expires_at_ms=0 if expires_in_ms is None else NOW_MS + expires_in_ms,
-        lease_epoch=epoch,
-        last_seq=last_seq,
-        start_gen=start_gen,
-        updated_at_ms=updated_at_ms,
-    )
+) -> dict[str, Any]:
+    """A connection item as a Scan returns it (typed attributes)."""
+    plain: dict[str, Any] = {
+        **schema.connection_key(connection_id),
+        schema.DESIRED_STATE: state,
+        schema.WS_URL: f"ws://127.0.0.1:8765/{connection_id}",
+        schema.LEASE_EPOCH: epoch,
+        schema.LAST_SEQ: last_seq,
+        schema.START_GEN: start_gen,
+        schema.SEQ_GEN: 0,
+        schema.UPDATED_AT_MS: NOW_MS - 60_000,  # the last change of owner, long ago
+    }
+    if owner is not None:
+        plain |= {schema.LEASE_OWNER: owner, schema.OWNER_SESSION_GEN: GEN}
+    return {name: to_attribute(value) for name, value in plain.items()}
+
+
+def session(worker_id: str, *, left_ms: int = 1_500, state: str = "ALIVE") -> dict[str, Any]:
+    plain = {
+        **schema.session_key(worker_id, GEN),
+        schema.SESSION_STATE: state,
+        schema.SESSION_EXPIRES_AT_MS: NOW_MS + left_ms,
+        schema.SESSION_STARTED_AT_MS: NOW_MS - 100_000,
+    }
+    return {name: to_attribute(value) for name, value in plain.items()}
+
+
+def page(worker_id: str, written_at_ms: int, **seqs: int | tuple[int, int]) -> dict[str, Any]:
+    """``worker_id``'s page: ``connection=seq`` (epoch 1), or ``connection=(epoch, seq)``."""
+    entries = {}
+    for cid, value in seqs.items():
+        epoch, seq = value if isinstance(value, tuple) else (1, value)
+        entries[cid.replace("_", "-")] = PageEntry(epoch, 0, seq, written_at_ms - 100)
+    return page_item(worker_id, GEN, entries, written_at_ms)
+
+
+@dataclass
+class LiveView:
+    """What the runner does each refresh: Scan -> API views -> rule -> frame."""
+
+    progress: dict[str, rates.Progress] = field(default_factory=dict)
+
+    def refresh(
+        self,
+        scanned: list[dict[str, Any]],
+        workers: list[WorkerStatus] | None = None,
+        now_ms: int = NOW_MS,
+    ) -> list[str]:
+        views = views_of_table(scanned, now_ms)
+        self.progress = rates.track(self.progress, views)
+        return render_lines(views, rates.shown_rates(views, self.progress), workers or [])
 
 
 def rows_by_id(lines: list[str]) -> dict[str, list[str]]:
@@ -57,54 +102,93 @@ def rows_by_id(lines: list[str]) -> dict[str, list[str]]:
     return rows
 
 
-class LiveView:
-    """What the runner does each refresh: Scan items -> API views -> rule -> frame."""
-
-    def __init__(self) -> None:
-        self.progress: dict[str, rates.Progress] = {}
-
-    def refresh(
-        self, items: list[ConnectionItem], workers: list[WorkerStatus] | None = None
-    ) -> list[str]:
-        views = views_of(items, NOW_MS)
-        self.progress = rates.track(self.progress, views)
-        return render_lines(views, rates.shown_rates(views, self.progress), workers or [])
+SESSION_LEFT, LAST_SEQ, CKPT_AGE, MSG_S = 3, 5, 6, 7
 
 
-# --- items as the API shows them ------------------------------------------------------
+# --- a Scan as the API shows it -------------------------------------------------------
 
 
-def test_items_become_the_api_view() -> None:
-    items = [item("a", owner="w-1", expires_in_ms=5_000, last_seq=3), item("b")]
-    assert views_of(items, NOW_MS) == [connection_view(i, NOW_MS) for i in items]
+def test_a_scan_becomes_the_api_views_with_each_owners_session_and_page() -> None:
+    scanned = [
+        connection("a", owner="w-1", last_seq=3),
+        session("w-1"),
+        page("w-1", NOW_MS - 2_000, a=40),
+        connection("b"),
+        session("w-2", state="DEAD"),  # a session of nobody's connections
+    ]
+    views = views_of_table(scanned, NOW_MS)
+    a, b = (ConnectionItem.from_dynamodb(scanned[i]) for i in (0, 3))
+    w1 = OwnerRecords(
+        SessionItem.from_dynamodb(scanned[1]),
+        CheckpointPage(NOW_MS - 2_000, {"a": PageEntry(1, 0, 40, NOW_MS - 2_100)}),
+    )
+    assert views == [connection_view(a, NOW_MS, w1), connection_view(b, NOW_MS)]
+    assert (views[0]["last_seq"], views[0]["checkpoint_age_seconds"]) == (40, 2.0)
+    assert (views[0]["owner_session_state"], views[0]["session_seconds_left"]) == ("ALIVE", 1.5)
+
+
+def test_sessions_and_pages_are_never_rows() -> None:
+    contents = sort_table([session("w-1"), page("w-1", NOW_MS, a=1), connection("a")])
+    assert [item.connection_id for item in contents.connections] == ["a"]
+    assert set(contents.owners) == {("w-1", GEN)}
+    lines = LiveView().refresh([session("w-1"), page("w-1", NOW_MS)])
+    assert "no connections" in lines
+
+
+def test_a_page_without_its_session_is_not_shown() -> None:
+    # Forgetting a session deletes its item, then its page: in between, as the router.
+    views = views_of_table([connection("a", owner="w-1"), page("w-1", NOW_MS, a=9)], NOW_MS)
+    assert (views[0]["owner_session_state"], views[0]["last_seq"]) == (None, 0)
+
+
+def test_views_of_items_without_records_show_no_session() -> None:
+    item = ConnectionItem.from_dynamodb(connection("a", owner="w-1", last_seq=5))
+    assert views_of([item], NOW_MS) == [connection_view(item, NOW_MS)]
 
 
 @pytest.mark.parametrize(
-    ("owner", "expires_in_ms", "shown"),
+    ("owner", "records", "shown"),
     [
-        ("w-1", 17_349, "17.3s"),
-        ("w-1", 40, "0.0s"),
-        ("w-1", 0, "lapsed"),
-        ("w-1", -2_500, "lapsed"),
-        (None, None, "-"),
-        # Released: no owner, expiry 0. Still free however the clock reads.
-        (None, -NOW_MS, "-"),
+        ("w-1", [session("w-1", left_ms=17_349)], "17.3s"),
+        ("w-1", [session("w-1", left_ms=40)], "0.0s"),
+        ("w-1", [session("w-1", left_ms=0)], "lapsed"),
+        ("w-1", [session("w-1", left_ms=-2_500)], "lapsed"),
+        ("w-1", [session("w-1", left_ms=5_000, state="DEAD")], "dead"),
+        ("w-1", [], "gone"),
+        (None, [session("w-1")], "-"),
     ],
 )
-def test_lease_left(owner: str | None, expires_in_ms: int | None, shown: str) -> None:
-    lines = LiveView().refresh([item("c", owner=owner, expires_in_ms=expires_in_ms)])
-    assert rows_by_id(lines)["c"][3] == shown
+def test_session_left(owner: str | None, records: list[dict[str, Any]], shown: str) -> None:
+    lines = LiveView().refresh([connection("c", owner=owner), *records])
+    assert rows_by_id(lines)["c"][SESSION_LEFT] == shown
+
+
+@pytest.mark.parametrize(
+    ("entry", "last_seq", "age"),
+    [
+        pytest.param(55, "55", "2.5s", id="the owner's page: its seq and age"),
+        pytest.param((0, 99), "7", "-", id="an entry of an older hold: the item's"),
+    ],
+)
+def test_the_checkpoint_comes_from_the_owners_page(
+    entry: int | tuple[int, int], last_seq: str, age: str
+) -> None:
+    scanned = [connection("c", owner="w-1", last_seq=7), session("w-1")]
+    lines = LiveView().refresh([*scanned, page("w-1", NOW_MS - 2_500, c=entry)])
+    assert rows_by_id(lines)["c"][LAST_SEQ : CKPT_AGE + 1] == [last_seq, age]
 
 
 # --- the frame --------------------------------------------------------------------------
 
 
 def test_the_table_is_fleetctls_fleet_table() -> None:
-    items = [
-        item("demo-10", owner="w-2", expires_in_ms=4_960, epoch=3, last_seq=40),
-        item("demo-2", owner="w-1", expires_in_ms=17_349, epoch=1, last_seq=125),
+    scanned = [
+        connection("demo-10", owner="w-2", epoch=3, last_seq=40),
+        connection("demo-2", owner="w-1", last_seq=125),
+        session("w-1", left_ms=17_349),
+        session("w-2", left_ms=4_960),
     ]
-    views = views_of(items, NOW_MS)
+    views = views_of_table(scanned, NOW_MS)
     shown = {"demo-2": 5.0, "demo-10": None}
     lines = render_lines(views, shown)
     assert lines[0] == rates.RATE_LEGEND
@@ -113,85 +197,112 @@ def test_the_table_is_fleetctls_fleet_table() -> None:
     assert lines[2 + len(table) + 1] == render.fleet_totals(views, shown)
 
 
+def refreshed_twice(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[str]:
+    live = LiveView()
+    assert rows_by_id(live.refresh(before))["c"][MSG_S] == "-"
+    return rows_by_id(live.refresh(after))["c"]
+
+
+OWNED = [connection("c", owner="w-1"), session("w-1", left_ms=10_000)]
+
+
 @pytest.mark.parametrize(
     ("before", "after", "shown"),
     [
         pytest.param(
-            {"last_seq": 100, "updated_at_ms": NOW_MS - 6_000},
-            {"last_seq": 125, "updated_at_ms": NOW_MS - 1_000},
+            [*OWNED, page("w-1", NOW_MS - 6_000, c=100)],
+            [*OWNED, page("w-1", NOW_MS - 1_000, c=125)],
             "5.0",
-            id="advance: 25 over the 5 s between the two writes",
+            id="advance: 25 over the 5 s between the two pages",
         ),
         pytest.param(
-            {"last_seq": 100, "updated_at_ms": NOW_MS - 6_000},
-            {"last_seq": 100, "updated_at_ms": NOW_MS - 1_000},
+            [*OWNED, page("w-1", NOW_MS - 6_000, c=100)],
+            [*OWNED, page("w-1", NOW_MS - 1_000, c=100)],
             "0.0",
-            id="written without advance",
+            id="a page written without advance (another connection moved)",
         ),
         pytest.param(
-            {"last_seq": 100, "updated_at_ms": NOW_MS - 1_000},
-            {"last_seq": 100, "updated_at_ms": NOW_MS - 1_000},
+            [*OWNED, page("w-1", NOW_MS - 1_000, c=100)],
+            [*OWNED, page("w-1", NOW_MS - 1_000, c=100)],
             "-",
-            id="no checkpoint since the first refresh",
+            id="no page since the first refresh",
         ),
         pytest.param(
-            {"last_seq": 500, "updated_at_ms": NOW_MS - 6_000},
-            {"last_seq": 3, "updated_at_ms": NOW_MS - 1_000, "start_gen": 2},
+            [*OWNED, page("w-1", NOW_MS - 6_000, c=500)],
+            [connection("c", owner="w-1", start_gen=2), OWNED[1], page("w-1", NOW_MS, c=3)],
             "-",
             id="restart resets last_seq",
         ),
         pytest.param(
-            {"last_seq": 500, "updated_at_ms": NOW_MS - 6_000},
-            {"last_seq": 500, "updated_at_ms": NOW_MS - 1_000, "epoch": 2, "owner": "w-2"},
+            [*OWNED, page("w-1", NOW_MS - 6_000, c=500)],
+            [
+                connection("c", owner="w-1", epoch=2),
+                OWNED[1],
+                page("w-1", NOW_MS - 1_000, c=(2, 525)),
+            ],
             "-",
-            id="a new owner",
+            id="a new hold",
         ),
         pytest.param(
-            {"last_seq": 100, "updated_at_ms": NOW_MS - 6_000},
-            {"last_seq": 125, "updated_at_ms": NOW_MS - 1_000, "owner": None},
+            [*OWNED, page("w-1", NOW_MS - 6_000, c=100)],
+            [connection("c", last_seq=125), OWNED[1], page("w-1", NOW_MS - 1_000, c=125)],
             "-",
-            id="released: no live lease",
+            id="released: no owner",
+        ),
+        pytest.param(
+            [*OWNED, page("w-1", NOW_MS - 6_000, c=100)],
+            [OWNED[0], session("w-1", state="DEAD"), page("w-1", NOW_MS - 1_000, c=125)],
+            "-",
+            id="the owner's session reaped",
         ),
     ],
 )
 def test_msg_per_s_over_two_refreshes(
-    before: dict[str, Any], after: dict[str, Any], shown: str
+    before: list[dict[str, Any]], after: list[dict[str, Any]], shown: str
 ) -> None:
-    def at(changes: dict[str, Any]) -> ConnectionItem:
-        fields: dict[str, Any] = {"owner": "w-1", "expires_in_ms": 10_000, "epoch": 1}
-        return item("c", **(fields | changes))
+    assert refreshed_twice(before, after)[MSG_S] == shown
 
+
+def test_the_rate_stays_between_pages_whatever_the_refreshes() -> None:
     live = LiveView()
-    assert rows_by_id(live.refresh([at(before)]))["c"][-1] == "-"
-    assert rows_by_id(live.refresh([at(after)]))["c"][-1] == shown
-
-
-def test_the_rate_stays_between_checkpoints_whatever_the_refreshes() -> None:
-    live = LiveView()
-    first = item("c", owner="w-1", expires_in_ms=9_000, epoch=1, last_seq=100)
-    second = item(
-        "c", owner="w-1", expires_in_ms=9_000, epoch=1, last_seq=125, updated_at_ms=NOW_MS + 4_000
-    )
-    frames = [live.refresh([checkpoint]) for checkpoint in (first, first, second, second, second)]
-    assert [rows_by_id(frame)["c"][-1] for frame in frames] == ["-", "-", "5.0", "5.0", "5.0"]
+    first = [*OWNED, page("w-1", NOW_MS, c=100)]
+    second = [*OWNED, page("w-1", NOW_MS + 4_000, c=125)]
+    frames = [
+        live.refresh(scanned, now_ms=NOW_MS + at_ms)
+        for scanned, at_ms in [(first, 0), (first, 800), (second, 4_100), (second, 5_000)]
+    ]
+    assert [rows_by_id(frame)["c"][MSG_S] for frame in frames] == ["-", "-", "6.2", "6.2"]
     totals = next(line for line in frames[-1] if line.startswith("1 connection:"))
-    assert totals.endswith("; 5.0 msg/s")
+    assert totals.endswith("; 6.2 msg/s")
+
+
+def test_an_idle_connection_falls_to_zero_once_its_page_stops_changing() -> None:
+    live = LiveView()
+    owned = [connection("c", owner="w-1"), session("w-1", left_ms=60_000)]  # renewed on
+    live.refresh([*owned, page("w-1", NOW_MS - 5_000, c=100)], now_ms=NOW_MS - 5_000)
+    latest = [*owned, page("w-1", NOW_MS, c=125)]
+    assert rows_by_id(live.refresh(latest, now_ms=NOW_MS + 1_000))["c"][MSG_S] == "5.0"
+    # Still the same page 11 s later: the owner had nothing new to write.
+    assert rows_by_id(live.refresh(latest, now_ms=NOW_MS + 11_000))["c"][MSG_S] == "0.0"
 
 
 def test_worker_footer() -> None:
-    items = [
-        item("a", owner="local-worker-1", expires_in_ms=5_000),
-        item("b", owner="local-worker-1", expires_in_ms=5_000),
-        item("c", owner="local-worker-2", expires_in_ms=-100),
-        item("d", owner="elsewhere", expires_in_ms=9_000),
-        item("e"),
+    scanned = [
+        connection("a", owner="local-worker-1"),
+        connection("b", owner="local-worker-1"),
+        connection("c", owner="local-worker-2"),
+        connection("d", owner="elsewhere"),
+        connection("e"),
+        session("local-worker-1"),
+        session("local-worker-2", left_ms=-100),
+        session("elsewhere", left_ms=9_000),
     ]
     workers = [
         WorkerStatus("local-worker-1"),
         WorkerStatus("local-worker-2", exit_code=-9),
         WorkerStatus("local-worker-3", exit_code=1),
     ]
-    lines = LiveView().refresh(items, workers)
+    lines = LiveView().refresh(scanned, workers)
     footer = {line.split()[0]: line.split(None, 1)[1] for line in lines if line.startswith("  ")}
     assert footer["local-worker-1"].split() == ["alive", "holds", "2"]
     assert footer["local-worker-2"].split() == ["dead", "(signal", "9)", "holds", "1"]
@@ -200,8 +311,7 @@ def test_worker_footer() -> None:
     assert footer["elsewhere"].split() == ["not", "started", "here", "holds", "1"]
     assert "workers: 1/3 alive" in lines
     assert (
-        "5 connections: 5 STARTED (4 owned, 1 lapsed), 0 STOPPED; "
-        "leases held by 3 workers; 0.0 msg/s"
+        "5 connections: 5 STARTED (4 owned, 1 lapsed), 0 STOPPED; owned by 3 workers; 0.0 msg/s"
     ) in lines
 
 
@@ -212,10 +322,8 @@ def test_empty_table() -> None:
 
 
 def test_held_by() -> None:
-    views = views_of(
-        [item("a", owner="w-1"), item("b", owner="w-1", expires_in_ms=-5), item("c")], NOW_MS
-    )
-    assert held_by(views) == {"w-1": 2}
+    scanned = [connection("a", owner="w-1"), connection("b", owner="w-1"), connection("c")]
+    assert held_by(views_of_table([*scanned, session("w-1", left_ms=-5)], NOW_MS)) == {"w-1": 2}
 
 
 def test_worker_status_describe() -> None:
@@ -229,11 +337,14 @@ def test_worker_status_describe() -> None:
 
 
 def test_summary() -> None:
-    views = views_of(
+    views = views_of_table(
         [
-            item("demo-2", owner="w-2", expires_in_ms=-1, last_seq=30),
-            item("demo-1", owner="w-1", expires_in_ms=3_000, last_seq=55),
-            item("demo-3", last_seq=0),
+            connection("demo-2", owner="w-2", last_seq=30),
+            connection("demo-1", owner="w-1"),
+            connection("demo-3"),
+            session("w-1", left_ms=3_000),
+            session("w-2", left_ms=-1),
+            page("w-1", NOW_MS, demo_1=55),
         ],
         NOW_MS,
     )
@@ -247,9 +358,8 @@ def test_summary() -> None:
 
 
 def test_summary_of_items_without_rates() -> None:
-    # The report after shutdown: released leases, final checkpoints, no rates.
-    items = [item("demo-1", last_seq=77), item("demo-2", last_seq=76)]
-    views = views_of(items, NOW_MS)
-    assert summary(views, {}, [WorkerStatus("w-1", 0)]) == (
+    # The report after shutdown: released connections, final checkpoints, no rates.
+    scanned = [connection("demo-1", last_seq=77), connection("demo-2", last_seq=76)]
+    assert summary(views_of_table(scanned, NOW_MS), {}, [WorkerStatus("w-1", 0)]) == (
         "workers 0/1 alive | 2 connections, 0 owned | demo-1 seq=77 owner=-; demo-2 seq=76 owner=-"
     )

@@ -10,11 +10,21 @@ from worker.health import is_healthy, stamp, stamp_age
 
 
 @pytest.mark.parametrize(
-    ("age", "heartbeat", "healthy"),
-    [(None, 5, False), (0.0, 5, True), (15.0, 5, True), (15.01, 5, False), (100, 5, False)],
+    ("age", "stale_after", "healthy"),
+    [
+        (None, 10.0, False),  # no stamp at all
+        (0.0, 10.0, True),
+        (-1.0, 10.0, True),  # stamped "in the future" by a clock step: still a stamp
+        (9.99, 10.0, True),
+        (10.0, 10.0, True),  # at the limit
+        (10.01, 10.0, False),
+        (100, 10.0, False),
+        (14.4, 14.4, True),
+        (14.41, 14.4, False),
+    ],
 )
-def test_is_healthy(age, heartbeat, healthy):
-    assert is_healthy(age, heartbeat) is healthy
+def test_is_healthy(age, stale_after, healthy):
+    assert is_healthy(age, stale_after) is healthy
 
 
 def test_stamp_and_age(tmp_path):
@@ -42,8 +52,12 @@ def test_health_command_fails_when_missing_or_stale(tmp_path):
     assert "missing" in missing.stderr
     stamp(path)
     assert run_check(tmp_path, path).returncode == 0
-    old = time.time() - 10  # heartbeat 0.5 s: three heartbeats are 1.5 s
+    # lease 2: three heartbeats are 1.44 s, but the limit is never under 10 s
+    five_seconds_ago = time.time() - 5
+    os.utime(path, (five_seconds_ago, five_seconds_ago))
+    assert run_check(tmp_path, path).returncode == 0
+    old = time.time() - 60
     os.utime(path, (old, old))
     stale = run_check(tmp_path, path)
     assert stale.returncode == 1
-    assert "old" in stale.stderr
+    assert "s old (limit 10.0 s)" in stale.stderr

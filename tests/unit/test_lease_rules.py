@@ -1,446 +1,781 @@
-"""The pure lease rules, as tables of inputs and expected decisions."""
+"""The ownership rules of one connection, as tables of inputs and expected decisions.
+
+Every write is checked twice: its exact expressions, names and values, and what it
+does when run against items (tests/unit/expressions.py evaluates the condition and
+applies the update as DynamoDB would, refusing unused or undefined placeholders).
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
+from tests.unit.expressions import Item, attempt
 from wsfleet import schema
-from wsfleet.item import ConnectionItem
+from wsfleet.item import ConnectionItem, from_attributes, to_attribute
 from wsfleet.lease_rules import (
+    MAX_REASON_CHARS,
     AcquireRefusal,
+    ConditionalUpdate,
     Lease,
     ParkOutcome,
     ReleaseOutcome,
-    RenewRefusal,
+    ReleaseVariant,
+    TakeoverStep,
     acquire_failure,
     acquire_update,
+    clear_owner_update,
     failing_cleared_update,
     failing_since_update,
     fence_deadline,
-    is_orphan,
     lease_won,
     may_handle,
-    orphan_cutoff_ms,
     park_failure,
     park_update,
     release_failure,
+    release_retry,
     release_update,
-    renew_failure,
-    renew_update,
     restarted_since,
+    takeover_failure,
+    takeover_update,
 )
 from wsfleet.timing import LeaseTiming
 
-TIMING = LeaseTiming.from_lease(20)  # skew 1 s, margin 2 s
 ME = "worker-a"
+GEN = 7
+DEAD = "worker-b"
+DEAD_GEN = 2
 NOW = 1_000_000
+TOKEN = "tok"
+# crc32("c1") % 4 == 1 and % 8 == 1: the shards of the one connection used here.
+MY_OWNER_KEY = "worker-a#7#1"
+FREE_SHARD = "FREE#1"
+URL = "wss://feed.example/c1"
 
 
-def item(**fields) -> ConnectionItem:
-    base = {
-        "connection_id": "c1",
+def N(n: int) -> dict[str, str]:  # noqa: N802 - the attribute type's own letter
+    return {"N": str(n)}
+
+
+def S(s: str) -> dict[str, str]:  # noqa: N802
+    return {"S": s}
+
+
+def raw(**fields: Any) -> Item:
+    """A typed connection item; a field given as None is left out."""
+    base: dict[str, Any] = {
+        schema.PARTITION_KEY: "CONN#c1",
+        schema.SORT_KEY: "CONN",
         "desired_state": schema.STARTED,
-        "ws_url": "wss://feed.example/c1",
-        "lease_owner": None,
-        "lease_expires_at_ms": 0,
-        "lease_epoch": 0,
-        "last_seq": 0,
+        "ws_url": URL,
+        "lease_epoch": 3,
+        "last_seq": 10,
         "start_gen": 1,
+        "seq_gen": 0,
     }
-    return ConnectionItem(**(base | fields))
+    merged = base | fields
+    return {k: to_attribute(v) for k, v in merged.items() if v is not None}
 
 
-def lease(**fields) -> Lease:
+def free(**fields: Any) -> Item:
+    """STARTED, nobody's, in the unowned index."""
+    return raw(**({"free_shard": FREE_SHARD} | fields))
+
+
+def owned(owner: str = ME, gen: int = GEN, **fields: Any) -> Item:
     base = {
+        "lease_owner": owner,
+        "owner_session_gen": gen,
+        "owner_key": f"{owner}#{gen}#1",
+        "lease_token": "t0",
+    }
+    return raw(**(base | fields))
+
+
+def fields_of(item: Item) -> dict[str, Any]:
+    """The attributes of a typed item other than its key, as plain values."""
+    keys = (schema.PARTITION_KEY, schema.SORT_KEY)
+    return {k: v for k, v in from_attributes(item).items() if k not in keys}
+
+
+def conn(item: Item) -> ConnectionItem:
+    return ConnectionItem.from_dynamodb(item)
+
+
+def lease(**fields: Any) -> Lease:
+    base: dict[str, Any] = {
         "connection_id": "c1",
         "owner": ME,
         "epoch": 3,
         "start_gen": 1,
-        "ws_url": "wss://feed.example/c1",
+        "ws_url": URL,
         "last_seq": 10,
-        "expires_at_ms": NOW + 20_000,
+        "session_gen": GEN,
+        "seq_gen": 0,
     }
     return Lease(**(base | fields))
 
 
+def test_a_conditional_update_is_the_keyword_arguments_of_update_item():
+    update = ConditionalUpdate("SET #a = :a", "attribute_exists(#a)", {"#a": "a"}, {":a": N(1)})
+    assert update.as_kwargs() == {
+        "UpdateExpression": "SET #a = :a",
+        "ConditionExpression": "attribute_exists(#a)",
+        "ExpressionAttributeNames": {"#a": "a"},
+        "ExpressionAttributeValues": {":a": N(1)},
+    }
+
+
+# --- acquire ---------------------------------------------------------------------------
+
+
+def test_acquire_update_exactly():
+    update = acquire_update("c1", ME, GEN, NOW, TOKEN)
+    assert update.update_expression == (
+        "SET #owner = :me, #sgen = :mygen, #okey = :okey, #token = :token, #updated = :now"
+        " REMOVE #free ADD #epoch :one"
+    )
+    assert update.condition_expression == (
+        "#state = :started AND attribute_not_exists(#parked) AND attribute_not_exists(#owner)"
+    )
+    assert update.names == {
+        "#state": "desired_state",
+        "#parked": "parked_reason",
+        "#owner": "lease_owner",
+        "#sgen": "owner_session_gen",
+        "#okey": "owner_key",
+        "#token": "lease_token",
+        "#updated": "updated_at_ms",
+        "#free": "free_shard",
+        "#epoch": "lease_epoch",
+    }
+    assert update.values == {
+        ":me": S(ME),
+        ":mygen": N(GEN),
+        ":okey": S(MY_OWNER_KEY),
+        ":token": S(TOKEN),
+        ":now": N(NOW),
+        ":one": N(1),
+        ":started": S("STARTED"),
+    }
+
+
 @pytest.mark.parametrize(
-    ("fields", "expected"),
+    ("item", "passes"),
     [
-        ({}, True),  # never taken: expiry 0
-        ({"lease_owner": "w", "lease_expires_at_ms": NOW}, False),  # exactly at expiry
-        ({"lease_owner": "w", "lease_expires_at_ms": NOW - 1000}, False),  # at the skew margin
-        ({"lease_owner": "w", "lease_expires_at_ms": NOW - 1001}, True),  # 1 ms past it
-        ({"lease_owner": "w", "lease_expires_at_ms": NOW + 5000}, False),  # live
-        ({"lease_owner": None, "lease_expires_at_ms": NOW + 5000}, True),  # released
-        ({"desired_state": schema.STOPPED}, False),
-        ({"desired_state": schema.STOPPED, "lease_owner": "w"}, False),
-        # parked: released, but given up on until re-armed
-        ({"parked_reason": "HTTP 404 from upstream", "lease_expires_at_ms": 0}, False),
-        ({"parked_reason": "x", "lease_expires_at_ms": schema.PARKED_EXPIRY_MS}, False),
+        (free(), True),
+        (raw(), True),  # not in the index (a stale read): the condition alone decides
+        (free(lease_epoch=None), True),  # never held: the epoch starts from nothing
+        (owned(DEAD, DEAD_GEN), False),  # a dead session's: only a takeover moves it
+        (owned(ME, GEN), False),  # even this session's own hold
+        (owned(ME, GEN - 1), False),
+        (raw(desired_state=schema.STOPPED), False),
+        (raw(parked_reason="HTTP 404 from upstream"), False),
+        (raw(desired_state=schema.STOPPED, parked_reason="x"), False),
+        (None, False),  # no item
     ],
 )
-def test_is_orphan_boundaries(fields, expected):
-    assert is_orphan(item(**fields), NOW, TIMING) is expected
+def test_acquire_takes_only_a_started_unowned_unparked_connection(item, passes):
+    assert (attempt(acquire_update("c1", ME, GEN, NOW, TOKEN), item) is not None) is passes
 
 
-def test_orphan_cutoff_is_now_minus_skew():
-    assert orphan_cutoff_ms(NOW, TIMING) == NOW - 1000
+@pytest.mark.parametrize(("epoch", "new_epoch"), [(None, 1), (0, 1), (3, 4), (41, 42)])
+def test_acquire_owns_the_item_and_takes_it_out_of_the_unowned_index(epoch, new_epoch):
+    new = attempt(acquire_update("c1", ME, GEN, NOW, TOKEN), free(lease_epoch=epoch))
+    assert new is not None
+    assert new == raw(
+        lease_epoch=new_epoch,
+        lease_owner=ME,
+        owner_session_gen=GEN,
+        owner_key=MY_OWNER_KEY,
+        lease_token=TOKEN,
+        updated_at_ms=NOW,
+    )
+    assert "free_shard" not in new
 
 
-def test_acquire_update_carries_expiry_and_cutoff():
-    update = acquire_update(ME, NOW, TIMING, "tok")
-    values = update.values
-    assert values[":token"] == {"S": "tok"}
-    assert values[":expiry"] == {"N": str(NOW + 20_000)}
-    assert values[":cutoff"] == {"N": str(NOW - 1000)}
-    assert values[":me"] == {"S": ME}
-    assert "ADD #epoch :one" in update.update_expression
-    assert "#expiry < :cutoff" in update.condition_expression
-    assert set(update.names.values()) >= {"desired_state", "lease_owner", "lease_epoch"}
+def test_acquire_owner_key_follows_the_connection_shard():
+    assert acquire_update("c2", ME, 0, NOW, TOKEN).values[":okey"] == S("worker-a#0#3")
+
+
+# --- what a won lease carries -------------------------------------------------------------
+
+OLD = owned(
+    DEAD,
+    DEAD_GEN,
+    ws_url="wss://feed.example/other",
+    lease_epoch=6,
+    last_seq=31,
+    start_gen=4,
+    seq_gen=2,
+    failing_since_ms=NOW - 5_000,
+)
+
+
+def test_lease_won_from_the_old_item():
+    assert lease_won(conn(OLD), ME, GEN) == Lease(
+        connection_id="c1",
+        owner=ME,
+        epoch=7,  # the write added one
+        start_gen=4,
+        ws_url="wss://feed.example/other",
+        last_seq=31,
+        session_gen=GEN,
+        takeover_latency_ms=None,
+        seq_gen=2,
+        failing_since_ms=NOW - 5_000,
+    )
 
 
 @pytest.mark.parametrize(
-    ("old", "expected_epoch", "expected_latency"),
+    ("kwargs", "epoch", "last_seq", "latency"),
     [
-        (item(), 1, None),  # first start
-        (item(lease_epoch=4, lease_expires_at_ms=0), 5, None),  # released: not a takeover
-        (item(lease_owner="w", lease_epoch=4, lease_expires_at_ms=NOW - 3000), 5, 3000),
-        (item(lease_owner="w", lease_epoch=9, lease_expires_at_ms=NOW + 10), 10, 0),  # clamp
+        ({"epoch": 6}, 6, 31, None),  # an adopted lease keeps the stored epoch
+        ({"epoch": 0}, 0, 31, None),  # a falsy override is still an override
+        ({"last_seq": 55}, 7, 55, None),  # a takeover resumes from the page
+        ({"last_seq": 0}, 7, 0, None),
+        ({"takeover_latency_ms": 1234}, 7, 31, 1234),
+        ({"takeover_latency_ms": 0}, 7, 31, 0),
     ],
 )
-def test_lease_won_from_old_item(old, expected_epoch, expected_latency):
-    won = lease_won(old, ME, NOW, TIMING)
-    assert won.epoch == expected_epoch
-    assert won.takeover_latency_ms == expected_latency
-    assert won.expires_at_ms == NOW + 20_000
-    assert (won.ws_url, won.last_seq, won.start_gen) == (old.ws_url, old.last_seq, old.start_gen)
+def test_lease_won_overrides(kwargs, epoch, last_seq, latency):
+    won = lease_won(conn(OLD), ME, GEN, **kwargs)
+    assert (won.epoch, won.last_seq, won.takeover_latency_ms) == (epoch, last_seq, latency)
+    assert (won.session_gen, won.seq_gen, won.start_gen) == (GEN, 2, 4)
+
+
+def test_a_new_owner_without_a_failing_mark_starts_no_failing_clock():
+    assert lease_won(conn(free()), ME, GEN).failing_since_ms is None
 
 
 @pytest.mark.parametrize(
-    ("old", "expected"),
+    ("item", "expected"),
     [
         (None, AcquireRefusal.UNKNOWN_ID),
-        (item(lease_owner="other", lease_expires_at_ms=NOW + 1), AcquireRefusal.HELD),
-        (item(desired_state=schema.STOPPED), AcquireRefusal.STOPPED),
-        (item(desired_state=schema.STOPPED, lease_owner="other"), AcquireRefusal.STOPPED),
-        (item(parked_reason="HTTP 404 from upstream"), AcquireRefusal.PARKED),
+        (owned(DEAD, DEAD_GEN), AcquireRefusal.HELD),
+        (owned(DEAD, DEAD_GEN, lease_token=TOKEN), AcquireRefusal.HELD),  # same token, not me
+        (owned(ME, GEN, lease_token="older"), AcquireRefusal.HELD),  # an older hold of mine
+        (owned(ME, GEN, lease_token=None), AcquireRefusal.HELD),
+        (owned(ME, GEN - 1, lease_token=TOKEN), AcquireRefusal.HELD),  # my earlier session
+        (owned(ME, GEN, owner_session_gen=None, lease_token=TOKEN), AcquireRefusal.HELD),
+        (free(), AcquireRefusal.HELD),  # taken and given back in between
+        (raw(desired_state=schema.STOPPED), AcquireRefusal.STOPPED),
+        (owned(DEAD, DEAD_GEN, desired_state=schema.STOPPED), AcquireRefusal.STOPPED),
+        (raw(parked_reason="HTTP 404 from upstream"), AcquireRefusal.PARKED),
         # stopped and parked: the stop is the router's newer word
-        (item(desired_state=schema.STOPPED, parked_reason="x"), AcquireRefusal.STOPPED),
+        (raw(desired_state=schema.STOPPED, parked_reason="x"), AcquireRefusal.STOPPED),
     ],
 )
-def test_acquire_refusals(old, expected):
-    assert acquire_failure(old, ME, "tok") is expected
+def test_acquire_refusals(item, expected):
+    old = None if item is None else conn(item)
+    assert acquire_failure(old, ME, GEN, TOKEN) is expected
 
 
-def test_acquire_failure_adopts_own_lease_after_a_retried_success():
-    old = item(
-        lease_owner=ME,
-        lease_token="tok",
+@pytest.mark.parametrize(
+    "fields",
+    [{}, {"desired_state": schema.STOPPED}],
+    ids=["started", "stopped since"],
+)
+def test_a_retried_acquire_that_had_landed_is_adopted_with_the_stored_epoch(fields):
+    """The owner, the session and the token are this attempt's: the write landed and
+    its answer was lost. The lease is adopted as stored (the epoch is not raised
+    again), even when the router stopped it since: the stop is acted on as a stop."""
+    stored = owned(
+        ME,
+        GEN,
+        lease_token=TOKEN,
         lease_epoch=7,
-        lease_expires_at_ms=NOW + 20_000,
         last_seq=42,
+        start_gen=3,
+        seq_gen=2,
+        ws_url="wss://feed.example/other",
+        failing_since_ms=NOW - 5_000,
+        **fields,
     )
-    adopted = acquire_failure(old, ME, "tok")
-    assert isinstance(adopted, Lease)
-    assert (adopted.epoch, adopted.last_seq, adopted.expires_at_ms) == (7, 42, NOW + 20_000)
-    assert adopted.takeover_latency_ms is None
+    assert acquire_failure(conn(stored), ME, GEN, TOKEN) == Lease(
+        connection_id="c1",
+        owner=ME,
+        epoch=7,
+        start_gen=3,
+        ws_url="wss://feed.example/other",
+        last_seq=42,
+        session_gen=GEN,
+        takeover_latency_ms=None,
+        seq_gen=2,
+        failing_since_ms=NOW - 5_000,
+    )
 
 
-@pytest.mark.parametrize("stored_token", ["older-attempt", None])
-def test_acquire_failure_never_adopts_an_older_hold_of_the_same_worker(stored_token):
-    """An earlier runner of this worker (fenced, its release maybe still in flight)
-    left the lease: adopting it could outlive that release while another worker takes
-    over, so it counts as held."""
-    old = item(lease_owner=ME, lease_token=stored_token, lease_epoch=7, lease_expires_at_ms=NOW)
-    assert acquire_failure(old, ME, "tok") is AcquireRefusal.HELD
+# --- takeover ------------------------------------------------------------------------------
+
+SEEN = owned(DEAD, DEAD_GEN, lease_epoch=5, last_seq=40, seq_gen=1, start_gen=3)
+
+
+def takeover(seen: Item = SEEN, resume: int = 55) -> ConditionalUpdate:
+    return takeover_update(conn(seen), ME, GEN, resume, NOW, TOKEN)
+
+
+def test_takeover_update_exactly():
+    update = takeover()
+    assert update.update_expression == (
+        "SET #owner = :me, #sgen = :mygen, #okey = :okey, #token = :token, #updated = :now,"
+        " #seq = :resume ADD #epoch :one"
+    )
+    assert update.condition_expression == (
+        "#owner = :dead AND #sgen = :deadgen AND #state = :started AND #gen = :gen"
+        " AND #seqgen = :seqgen AND #seq = :seq AND #epoch = :epoch"
+        " AND attribute_not_exists(#parked)"
+    )
+    assert update.names == {
+        "#owner": "lease_owner",
+        "#sgen": "owner_session_gen",
+        "#okey": "owner_key",
+        "#token": "lease_token",
+        "#updated": "updated_at_ms",
+        "#seq": "last_seq",
+        "#epoch": "lease_epoch",
+        "#state": "desired_state",
+        "#gen": "start_gen",
+        "#seqgen": "seq_gen",
+        "#parked": "parked_reason",
+    }
+    assert update.values == {
+        ":me": S(ME),
+        ":mygen": N(GEN),
+        ":okey": S(MY_OWNER_KEY),
+        ":token": S(TOKEN),
+        ":now": N(NOW),
+        ":resume": N(55),
+        ":one": N(1),
+        ":dead": S(DEAD),
+        ":deadgen": N(DEAD_GEN),
+        ":started": S("STARTED"),
+        ":gen": N(3),
+        ":seqgen": N(1),
+        ":seq": N(40),
+        ":epoch": N(5),
+    }
+
+
+def test_a_takeover_moves_the_connection_to_the_new_session_at_the_resume_point():
+    new = attempt(takeover(), SEEN)
+    assert new == owned(
+        ME,
+        GEN,
+        lease_token=TOKEN,
+        lease_epoch=6,
+        last_seq=55,
+        seq_gen=1,
+        start_gen=3,
+        updated_at_ms=NOW,
+    )
 
 
 @pytest.mark.parametrize(
-    ("old", "expected"),
+    "changed",
     [
-        (None, RenewRefusal.GONE),
-        (item(lease_owner="other", lease_epoch=4), RenewRefusal.LOST),
-        (item(lease_owner=ME, lease_epoch=4), RenewRefusal.LOST),  # our id, newer epoch
-        (item(lease_owner=None, lease_epoch=3), RenewRefusal.LOST),  # released meanwhile
-        # lost wins over stopped: another holder may already be running it
-        (item(lease_owner="other", lease_epoch=4, desired_state=schema.STOPPED), RenewRefusal.LOST),
-        (item(lease_owner=ME, lease_epoch=3, desired_state=schema.STOPPED), RenewRefusal.STOPPED),
-        (item(lease_owner=ME, lease_epoch=3, start_gen=2), RenewRefusal.RESTARTED),
+        {"lease_owner": ME},
+        {"lease_owner": None},
+        {"owner_session_gen": DEAD_GEN + 1},  # the dead worker's next session
+        {"desired_state": schema.STOPPED},
+        {"start_gen": 4},  # restarted since it was read
+        {"seq_gen": 2},  # checkpoint reset since
+        {"last_seq": 41},  # a final checkpoint landed since
+        {"lease_epoch": 6},
+        {"parked_reason": "x"},
+    ],
+)
+def test_a_takeover_fails_when_anything_it_decided_on_changed(changed):
+    assert attempt(takeover(), raw(**(fields_of(SEEN) | changed))) is None
+
+
+@pytest.mark.parametrize(
+    ("item", "step"),
+    [
+        (None, TakeoverStep.GONE),
+        (owned(ME, GEN, lease_epoch=6), TakeoverStep.GONE),  # another taker won
+        (owned(DEAD, DEAD_GEN + 1), TakeoverStep.GONE),  # same worker, another session
+        (raw(), TakeoverStep.GONE),  # released (owner gone)
+        (raw(parked_reason="x"), TakeoverStep.GONE),
+        (owned(DEAD, DEAD_GEN, parked_reason="x"), TakeoverStep.GONE),
+        (owned(DEAD, DEAD_GEN, last_seq=41), TakeoverStep.RETRY),  # final checkpoint landed
+        (owned(DEAD, DEAD_GEN, start_gen=9), TakeoverStep.RETRY),
+        (owned(DEAD, DEAD_GEN, desired_state=schema.STOPPED), TakeoverStep.CLEAR),
+    ],
+)
+def test_what_a_failed_takeover_means(item, step):
+    old = None if item is None else conn(item)
+    assert takeover_failure(old, conn(SEEN)) is step
+
+
+def test_clear_owner_update_exactly():
+    update = clear_owner_update(conn(SEEN), NOW)
+    assert update.update_expression == "REMOVE #owner, #sgen, #okey, #token SET #updated = :now"
+    assert update.condition_expression == (
+        "#owner = :dead AND #sgen = :deadgen AND #state = :stopped"
+    )
+    assert update.names == {
+        "#owner": "lease_owner",
+        "#sgen": "owner_session_gen",
+        "#okey": "owner_key",
+        "#token": "lease_token",
+        "#updated": "updated_at_ms",
+        "#state": "desired_state",
+    }
+    assert update.values == {
+        ":now": N(NOW),
+        ":dead": S(DEAD),
+        ":deadgen": N(DEAD_GEN),
+        ":stopped": S("STOPPED"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("item", "cleared"),
+    [
+        (owned(DEAD, DEAD_GEN, desired_state=schema.STOPPED), True),
+        (owned(DEAD, DEAD_GEN), False),  # started again: taken over instead
+        (owned(DEAD, DEAD_GEN + 1, desired_state=schema.STOPPED), False),
+        (owned(ME, GEN, desired_state=schema.STOPPED), False),
+        (raw(desired_state=schema.STOPPED), False),
+    ],
+)
+def test_clearing_a_dead_owner_from_a_stopped_connection(item, cleared):
+    new = attempt(clear_owner_update(conn(SEEN), NOW), item)
+    if not cleared:
+        assert new is None
+        return
+    # Out of the by-owner index, and not into the unowned one: it is stopped.
+    assert new == raw(desired_state=schema.STOPPED, updated_at_ms=NOW)
+
+
+# --- release ---------------------------------------------------------------------------
+
+RELEASE_BASE_NAMES = {
+    "#owner": "lease_owner",
+    "#sgen": "owner_session_gen",
+    "#okey": "owner_key",
+    "#token": "lease_token",
+    "#epoch": "lease_epoch",
+    "#updated": "updated_at_ms",
+    "#state": "desired_state",
+}
+
+
+@pytest.mark.parametrize(
+    ("started", "last_seq", "update", "condition", "names", "values"),
+    [
         (
-            item(lease_owner=ME, lease_epoch=3, start_gen=2, desired_state=schema.STOPPED),
-            RenewRefusal.STOPPED,
+            True,
+            None,
+            "REMOVE #owner, #sgen, #okey, #token SET #updated = :now, #free = :free",
+            "#owner = :me AND #epoch = :epoch AND #state = :started",
+            {"#free": "free_shard"},
+            {":free": S(FREE_SHARD)},
         ),
         (
-            item(lease_owner=ME, lease_epoch=3, lease_expires_at_ms=NOW + 25_000),
-            RenewRefusal.SUPERSEDED,
+            True,
+            99,
+            "REMOVE #owner, #sgen, #okey, #token SET #updated = :now, #free = :free, #seq = :seq",
+            "#owner = :me AND #epoch = :epoch AND #state = :started AND #seqgen = :seqgen",
+            {"#free": "free_shard", "#seq": "last_seq", "#seqgen": "seq_gen"},
+            {":free": S(FREE_SHARD), ":seq": N(99), ":seqgen": N(4)},
+        ),
+        (
+            False,
+            None,
+            "REMOVE #owner, #sgen, #okey, #token SET #updated = :now",
+            "#owner = :me AND #epoch = :epoch AND #state <> :started",
+            {},
+            {},
+        ),
+        (
+            False,
+            0,
+            "REMOVE #owner, #sgen, #okey, #token SET #updated = :now, #seq = :seq",
+            "#owner = :me AND #epoch = :epoch AND #state <> :started AND #seqgen = :seqgen",
+            {"#seq": "last_seq", "#seqgen": "seq_gen"},
+            {":seq": N(0), ":seqgen": N(4)},
         ),
     ],
+    ids=["started", "started+checkpoint", "stopped", "stopped+checkpoint(0)"],
 )
-def test_renew_refusals(old, expected):
-    assert renew_failure(old, lease()) is expected
+def test_release_update_exactly(started, last_seq, update, condition, names, values):
+    written = release_update(lease(seq_gen=4), last_seq, NOW, started=started)
+    assert written.update_expression == update
+    assert written.condition_expression == condition
+    assert written.names == RELEASE_BASE_NAMES | names
+    assert (
+        written.values
+        == {
+            ":me": S(ME),
+            ":epoch": N(3),
+            ":now": N(NOW),
+            ":started": S("STARTED"),
+        }
+        | values
+    )
+
+
+def test_a_release_expects_a_started_connection_unless_told_otherwise():
+    assert release_update(lease(), 5, NOW) == release_update(lease(), 5, NOW, started=True)
+
+
+@pytest.mark.parametrize("item_started", [True, False])
+@pytest.mark.parametrize("variant_started", [True, False])
+@pytest.mark.parametrize("last_seq", [None, 99])
+@pytest.mark.parametrize("item_seq_gen", [4, 5])
+def test_every_release_variant_against_every_item(
+    item_started, variant_started, last_seq, item_seq_gen
+):
+    """It passes exactly when it expected the desired state it finds and, with a
+    checkpoint, the stream it belongs to; then the item is free, in the unowned
+    index exactly while STARTED, and checkpointed exactly when asked to."""
+    state = schema.STARTED if item_started else schema.STOPPED
+    item = owned(ME, GEN, desired_state=state, seq_gen=item_seq_gen, failing_since_ms=NOW - 9)
+    update = release_update(lease(seq_gen=4), last_seq, NOW, started=variant_started)
+    new = attempt(update, item)
+    passes = variant_started == item_started and (last_seq is None or item_seq_gen == 4)
+    assert (new is not None) is passes
+    if new is None:
+        return
+    expected = raw(
+        desired_state=state,
+        seq_gen=item_seq_gen,
+        last_seq=10 if last_seq is None else last_seq,
+        updated_at_ms=NOW,
+        failing_since_ms=NOW - 9,  # the failing clock stays for the next owner
+        free_shard=FREE_SHARD if item_started else None,
+    )
+    assert new == expected
 
 
 @pytest.mark.parametrize(
-    ("refusal", "keeps", "graceful"),
+    "item",
     [
-        (RenewRefusal.LOST, False, False),
-        (RenewRefusal.GONE, False, False),
-        (RenewRefusal.STOPPED, False, True),
-        (RenewRefusal.RESTARTED, False, True),
-        (RenewRefusal.SUPERSEDED, True, False),
+        owned(DEAD, DEAD_GEN),
+        owned(ME, GEN, lease_epoch=4),  # a newer hold under the same name
+        owned(ME, GEN, lease_epoch=2),
+        free(),
+        None,
     ],
 )
-def test_renew_refusal_consequences(refusal, keeps, graceful):
-    assert refusal.keeps_lease is keeps
-    assert refusal.graceful is graceful
+@pytest.mark.parametrize("last_seq", [None, 99])
+def test_a_release_never_frees_a_hold_that_is_not_this_one(item, last_seq):
+    assert attempt(release_update(lease(), last_seq, NOW), item) is None
 
 
-def test_renew_update_checkpoints_in_the_same_write():
-    update = renew_update(lease(), 57, NOW, TIMING)
-    assert update.values[":seq"] == {"N": "57"}
-    assert update.values[":expiry"] == {"N": str(NOW + 20_000)}
-    assert "#expiry <= :expiry" in update.condition_expression
-    for clause in ("#owner = :me", "#epoch = :epoch", "#gen = :gen", "#state = :started"):
-        assert clause in update.condition_expression
-
-
-def test_release_with_checkpoint_requires_the_same_seq_generation():
-    """Not the start generation: a restart with the same URL keeps the stream, and the
-    final checkpoint with it; only a reset (new URL, new ``seq_gen``) drops it."""
-    with_seq = release_update(lease(seq_gen=3), 99, NOW)
-    assert "#seqgen = :seqgen" in with_seq.condition_expression
-    assert "#gen" not in with_seq.condition_expression
-    assert with_seq.values[":seqgen"] == {"N": "3"}
-    assert with_seq.values[":seq"] == {"N": "99"}
-    without = release_update(lease(), None, NOW)
-    assert ":seq" not in without.values
-    assert "#seqgen" not in without.condition_expression
-    assert "REMOVE #owner, #token" in without.update_expression
+def test_a_released_connection_can_be_acquired_again_at_once():
+    released = attempt(release_update(lease(), 12, NOW), owned(ME, GEN))
+    again = attempt(acquire_update("c1", DEAD, 9, NOW + 1, "t2"), released)
+    assert again is not None
+    assert (again["lease_owner"], again["lease_epoch"], again["last_seq"]) == (
+        S(DEAD),
+        N(4),
+        N(12),
+    )
 
 
 @pytest.mark.parametrize(
-    ("old", "restarted"),
-    [
-        (item(start_gen=1), False),  # the generation it was acquired under
-        (item(start_gen=2), True),  # started again since
-        (item(start_gen=2, desired_state=schema.STOPPED), False),  # and stopped again
-        (item(start_gen=1, desired_state=schema.STOPPED), False),  # only stopped
-    ],
-)
-def test_restarted_since(old, restarted):
-    assert restarted_since(old, lease()) is restarted
-
-
-def test_acquire_learns_the_seq_generation():
-    won = lease_won(item(seq_gen=4), ME, NOW, TIMING)
-    assert won.seq_gen == 4
-
-
-@pytest.mark.parametrize(
-    ("old", "expected"),
+    ("item", "outcome"),
     [
         (None, ReleaseOutcome.NOT_HELD),
-        (item(lease_owner="other", lease_epoch=3), ReleaseOutcome.NOT_HELD),
-        (item(lease_owner=ME, lease_epoch=4), ReleaseOutcome.NOT_HELD),
-        (item(lease_owner=ME, lease_epoch=3, start_gen=2), ReleaseOutcome.RETRY_WITHOUT_CHECKPOINT),
+        (owned(DEAD, DEAD_GEN), ReleaseOutcome.NOT_HELD),
+        (owned(DEAD, DEAD_GEN, lease_epoch=3), ReleaseOutcome.NOT_HELD),  # my epoch, not me
+        (raw(), ReleaseOutcome.NOT_HELD),  # released already (an earlier try landed)
+        (owned(ME, GEN, lease_epoch=4), ReleaseOutcome.NOT_HELD),
+        (owned(ME, GEN, lease_epoch=2), ReleaseOutcome.NOT_HELD),
+        (owned(ME, GEN, desired_state=schema.STOPPED), ReleaseOutcome.RETRY),
+        (owned(ME, GEN, seq_gen=1), ReleaseOutcome.RETRY),
+        (owned(ME, GEN), ReleaseOutcome.RETRY),
     ],
 )
-def test_release_failures(old, expected):
-    assert release_failure(old, lease()) is expected
+def test_what_a_failed_release_means(item, outcome):
+    old = None if item is None else conn(item)
+    assert release_failure(old, lease()) is outcome
+
+
+@pytest.mark.parametrize("state", [schema.STARTED, schema.STOPPED])
+@pytest.mark.parametrize("with_checkpoint", [True, False])
+@pytest.mark.parametrize("seq_gen", [0, 1])
+def test_the_release_to_retry_fits_the_item_returned(state, with_checkpoint, seq_gen):
+    old = conn(owned(ME, GEN, desired_state=state, seq_gen=seq_gen))
+    assert release_retry(old, lease(seq_gen=0), with_checkpoint) == ReleaseVariant(
+        started=state == schema.STARTED,
+        with_checkpoint=with_checkpoint and seq_gen == 0,
+    )
+
+
+# --- parking and the failing clock ------------------------------------------------------
+
+
+def test_park_update_exactly():
+    update = park_update(lease(seq_gen=2, start_gen=4), 17, "HTTP 404 from upstream", NOW)
+    assert update.update_expression == (
+        "REMOVE #owner, #sgen, #okey, #token, #failing SET #seq = :seq,"
+        " #parked = :reason, #parkedat = :now, #updated = :now"
+    )
+    assert update.condition_expression == (
+        "#owner = :me AND #epoch = :epoch AND #seqgen = :seqgen"
+        " AND #state = :started AND #gen = :gen"
+    )
+    assert update.names == {
+        "#owner": "lease_owner",
+        "#sgen": "owner_session_gen",
+        "#okey": "owner_key",
+        "#token": "lease_token",
+        "#failing": "failing_since_ms",
+        "#seq": "last_seq",
+        "#parked": "parked_reason",
+        "#parkedat": "parked_at_ms",
+        "#updated": "updated_at_ms",
+        "#epoch": "lease_epoch",
+        "#seqgen": "seq_gen",
+        "#state": "desired_state",
+        "#gen": "start_gen",
+    }
+    assert update.values == {
+        ":me": S(ME),
+        ":epoch": N(3),
+        ":seqgen": N(2),
+        ":started": S("STARTED"),
+        ":gen": N(4),
+        ":seq": N(17),
+        ":reason": S("HTTP 404 from upstream"),
+        ":now": N(NOW),
+    }
+
+
+def test_a_parked_connection_is_nobodys_and_nobody_acquires_it():
+    parked = attempt(
+        park_update(lease(), 17, "HTTP 404 from upstream", NOW),
+        owned(ME, GEN, failing_since_ms=NOW - 600_000),
+    )
+    assert parked == raw(
+        last_seq=17,
+        parked_reason="HTTP 404 from upstream",
+        parked_at_ms=NOW,
+        updated_at_ms=NOW,
+    )
+    assert attempt(acquire_update("c1", DEAD, 9, NOW + 1, "t2"), parked) is None
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        {"desired_state": schema.STOPPED},
+        {"start_gen": 2},  # started again since
+        {"seq_gen": 1},  # checkpoint reset since
+        {"lease_epoch": 4},
+        {"lease_owner": DEAD},
+    ],
+)
+def test_a_park_never_overwrites_the_routers_newer_word(changed):
+    assert attempt(park_update(lease(), 17, "x", NOW), owned(ME, GEN, **changed)) is None
+
+
+@pytest.mark.parametrize(("length", "kept"), [(0, 0), (199, 199), (200, 200), (201, 200)])
+def test_a_parked_reason_is_kept_short(length, kept):
+    reason = "".join(chr(ord("a") + i % 26) for i in range(length))
+    assert MAX_REASON_CHARS == 200
+    assert park_update(lease(), 0, reason, NOW).values[":reason"] == S(reason[:kept])
+
+
+@pytest.mark.parametrize(
+    ("item", "outcome"),
+    [
+        (None, ParkOutcome.NOT_HELD),
+        (owned(DEAD, DEAD_GEN), ParkOutcome.NOT_HELD),
+        (owned(ME, GEN, lease_epoch=4), ParkOutcome.NOT_HELD),
+        (raw(), ParkOutcome.NOT_HELD),
+        # still ours, but the router spoke since: an ordinary release instead
+        (owned(ME, GEN, desired_state=schema.STOPPED), ParkOutcome.RELEASE_INSTEAD),
+        (owned(ME, GEN, start_gen=2), ParkOutcome.RELEASE_INSTEAD),
+        (owned(ME, GEN, seq_gen=1), ParkOutcome.RELEASE_INSTEAD),
+    ],
+)
+def test_what_a_failed_park_means(item, outcome):
+    old = None if item is None else conn(item)
+    assert park_failure(old, lease()) is outcome
+
+
+def test_failing_marks_exactly():
+    mark = failing_since_update(lease(), NOW - 250, NOW)
+    cleared = failing_cleared_update(lease(), NOW)
+    assert mark.update_expression == "SET #failing = :since, #updated = :now"
+    assert cleared.update_expression == "REMOVE #failing SET #updated = :now"
+    names = {
+        "#failing": "failing_since_ms",
+        "#updated": "updated_at_ms",
+        "#owner": "lease_owner",
+        "#epoch": "lease_epoch",
+    }
+    for update in (mark, cleared):
+        assert update.condition_expression == "#owner = :me AND #epoch = :epoch"
+        assert update.names == names
+    assert mark.values == {":since": N(NOW - 250), ":now": N(NOW), ":me": S(ME), ":epoch": N(3)}
+    assert cleared.values == {":now": N(NOW), ":me": S(ME), ":epoch": N(3)}
+
+
+@pytest.mark.parametrize(
+    ("item", "held"),
+    [
+        (owned(ME, GEN), True),
+        (owned(ME, GEN, lease_epoch=4), False),
+        (owned(DEAD, DEAD_GEN), False),
+        (raw(), False),
+    ],
+)
+def test_only_the_holder_writes_or_removes_the_failing_mark(item, held):
+    marked = attempt(failing_since_update(lease(), NOW - 250, NOW), item)
+    assert (marked is not None) is held
+    if marked is None:
+        return
+    assert marked == item | {"failing_since_ms": N(NOW - 250), "updated_at_ms": N(NOW)}
+    cleared = attempt(failing_cleared_update(lease(), NOW + 5), marked)
+    assert cleared == item | {"updated_at_ms": N(NOW + 5)}
+
+
+@pytest.mark.parametrize(
+    ("item", "restarted"),
+    [
+        (raw(start_gen=1), False),  # the generation it was acquired under
+        (raw(start_gen=2), True),  # started again since
+        (raw(start_gen=0), True),  # any other generation
+        (raw(start_gen=2, desired_state=schema.STOPPED), False),  # and stopped again
+        (raw(start_gen=1, desired_state=schema.STOPPED), False),  # only stopped
+    ],
+)
+def test_restarted_since(item, restarted):
+    assert restarted_since(conn(item), lease(start_gen=1)) is restarted
+
+
+# --- fencing ---------------------------------------------------------------------------
+
+TIMING = LeaseTiming.from_lease()  # 2.5 s: skew 0.25, margin 0.25 -> fence after 2.0 s
 
 
 @pytest.mark.parametrize(
     ("now", "allowed"),
     [
         (100.0, True),  # just renewed
-        (116.999, True),
-        (117.0, False),  # exactly at lease - skew - margin
-        (117.001, False),
+        (101.999, True),
+        (102.0, False),  # exactly at lease - skew - margin
+        (102.001, False),
         (200.0, False),
     ],
 )
 def test_fence_deadline_boundaries(now, allowed):
     deadline = fence_deadline(100.0, TIMING)
-    assert deadline == pytest.approx(117.0)
+    assert deadline == 102.0
     assert may_handle(now, deadline) is allowed
 
 
-def test_fence_deadline_falls_before_any_takeover():
-    """With clocks within the skew, no other worker can pass the acquire condition
-    before the holder's fence deadline."""
-    for clock_offset_ms in (-1000, 0, 1000):
-        renew_sent_ms = NOW
-        expiry = renew_sent_ms + TIMING.lease_ms
-        # earliest takeover, on the holder's clock: the other's now - skew > expiry
-        takeover_on_holder_clock = expiry + TIMING.skew_ms + 1 - clock_offset_ms
-        fence_on_holder_clock = renew_sent_ms + TIMING.fence_after * 1000
-        assert fence_on_holder_clock < takeover_on_holder_clock
-
-
-def test_acquire_refuses_a_parked_connection_and_a_new_owner_learns_the_failing_clock():
-    update = acquire_update(ME, NOW, TIMING, "tok")
-    assert "attribute_not_exists(#parked)" in update.condition_expression
-    assert update.names["#parked"] == schema.PARKED_REASON
-    won = lease_won(item(failing_since_ms=NOW - 5000), ME, NOW, TIMING)
-    assert won.failing_since_ms == NOW - 5000
-    assert lease_won(item(), ME, NOW, TIMING).failing_since_ms is None
-
-
-def test_park_update_releases_checkpoints_and_leaves_the_orphan_query():
-    update = park_update(lease(seq_gen=2, start_gen=4), 17, "HTTP 404 from upstream", NOW)
-    for clause in (
-        "#owner = :me",
-        "#epoch = :epoch",
-        "#seqgen = :seqgen",
-        "#state = :started",
-        "#gen = :gen",
-    ):
-        assert clause in update.condition_expression
-    assert update.update_expression.startswith("REMOVE #owner, #token, #failing SET ")
-    values = update.values
-    assert values[":parked_expiry"] == {"N": str(2**53 - 1)}
-    assert values[":seq"] == {"N": "17"}
-    assert values[":reason"] == {"S": "HTTP 404 from upstream"}
-    assert values[":now"] == {"N": str(NOW)}
-    assert (values[":seqgen"], values[":gen"]) == ({"N": "2"}, {"N": "4"})
-    # The sentinel is beyond any cutoff: the orphan query never returns it.
-    assert orphan_cutoff_ms(10 * NOW**2, TIMING) < schema.PARKED_EXPIRY_MS
-
-
-def test_park_reason_is_kept_short():
-    update = park_update(lease(), 0, "x" * 1000, NOW)
-    assert len(update.values[":reason"]["S"]) == 200
-
-
 @pytest.mark.parametrize(
-    ("old", "expected"),
-    [
-        (None, ParkOutcome.NOT_HELD),
-        (item(lease_owner="other", lease_epoch=3), ParkOutcome.NOT_HELD),
-        (item(lease_owner=ME, lease_epoch=4), ParkOutcome.NOT_HELD),
-        # still ours, but the router spoke since: an ordinary release instead
-        (
-            item(lease_owner=ME, lease_epoch=3, desired_state=schema.STOPPED),
-            ParkOutcome.RELEASE_INSTEAD,
-        ),
-        (item(lease_owner=ME, lease_epoch=3, start_gen=2), ParkOutcome.RELEASE_INSTEAD),
-        (item(lease_owner=ME, lease_epoch=3, start_gen=2, seq_gen=1), ParkOutcome.RELEASE_INSTEAD),
-    ],
+    ("lease_seconds", "sent_at", "deadline"),
+    [(2.5, 0.0, 2.0), (4, 10.0, 13.35), (20, 5.0, 22.75)],
 )
-def test_park_failures(old, expected):
-    assert park_failure(old, lease()) is expected
-
-
-def test_the_failing_mark_is_written_and_removed_only_by_the_holder():
-    mark = failing_since_update(lease(), NOW - 250, NOW)
-    cleared = failing_cleared_update(lease(), NOW)
-    for update in (mark, cleared):
-        assert update.condition_expression == "#owner = :me AND #epoch = :epoch"
-        assert update.names["#failing"] == schema.FAILING_SINCE_MS
-    assert mark.update_expression.startswith("SET #failing = :since")
-    assert mark.values[":since"] == {"N": str(NOW - 250)}
-    assert cleared.update_expression.startswith("REMOVE #failing")
-
-
-@pytest.mark.parametrize(
-    ("owner", "expiry", "latency"),
-    [
-        (None, 0, None),  # never taken, or released
-        (None, NOW - 3000, None),  # no holder: nothing was taken over, whatever the expiry
-        ("w", 0, None),  # a holder with no expiry written: no moment to measure from
-        ("w", 1, NOW - 1),  # the smallest real expiry counts
-        ("w", NOW - 3000, 3000),
-        ("w", NOW, 0),
-        ("w", NOW + 10, 0),  # taken within the skew: clamped, never negative
-    ],
-)
-def test_takeover_latency_is_measured_only_from_a_lapsed_holder(owner, expiry, latency):
-    old = item(lease_owner=owner, lease_expires_at_ms=expiry, lease_epoch=2)
-    assert lease_won(old, ME, NOW, TIMING).takeover_latency_ms == latency
-
-
-def test_lease_won_carries_everything_the_runner_needs_from_the_old_item():
-    old = item(
-        ws_url="wss://feed.example/other",
-        lease_owner="w",
-        lease_token="theirs",
-        lease_epoch=6,
-        lease_expires_at_ms=NOW - 5000,
-        last_seq=31,
-        start_gen=4,
-        seq_gen=2,
-    )
-    assert lease_won(old, ME, NOW, TIMING) == Lease(
-        connection_id="c1",
-        owner=ME,
-        epoch=7,
-        start_gen=4,
-        ws_url="wss://feed.example/other",
-        last_seq=31,
-        expires_at_ms=NOW + 20_000,
-        takeover_latency_ms=5000,
-        seq_gen=2,
-    )
-
-
-def test_an_adopted_lease_is_the_stored_one_field_by_field():
-    """Adoption takes the lease exactly as the landed attempt wrote it: the stored epoch
-    and expiry (which the fence proof relies on), the URL, checkpoint and both
-    generations the release and the renews are conditioned on."""
-    old = item(
-        ws_url="wss://feed.example/other",
-        lease_owner=ME,
-        lease_token="tok",
-        lease_epoch=7,
-        lease_expires_at_ms=NOW + 20_000,
-        last_seq=42,
-        start_gen=3,
-        seq_gen=2,
-    )
-    assert acquire_failure(old, ME, "tok") == Lease(
-        connection_id="c1",
-        owner=ME,
-        epoch=7,
-        start_gen=3,
-        ws_url="wss://feed.example/other",
-        last_seq=42,
-        expires_at_ms=NOW + 20_000,
-        takeover_latency_ms=None,
-        seq_gen=2,
-    )
-
-
-@pytest.mark.parametrize(
-    ("stored_owner", "stored_token", "expected"),
-    [
-        (ME, "tok", Lease),  # this very attempt landed
-        (ME, "other", AcquireRefusal.HELD),  # an older attempt of mine
-        ("other", "tok", AcquireRefusal.HELD),  # the same token, another worker
-        (None, "tok", AcquireRefusal.HELD),
-        (None, None, AcquireRefusal.HELD),
-    ],
-)
-def test_adoption_needs_both_the_owner_and_the_token(stored_owner, stored_token, expected):
-    old = item(lease_owner=stored_owner, lease_token=stored_token, lease_expires_at_ms=NOW)
-    result = acquire_failure(old, ME, "tok")
-    if expected is Lease:
-        assert isinstance(result, Lease)
-    else:
-        assert result is expected
-
-
-def test_an_adopted_lease_keeps_the_failing_clock_of_the_item():
-    old = item(lease_owner=ME, lease_token="tok", lease_epoch=2, failing_since_ms=NOW - 5_000)
-    adopted = acquire_failure(old, ME, "tok")
-    assert isinstance(adopted, Lease)
-    assert adopted.failing_since_ms == NOW - 5_000
-
-
-@pytest.mark.parametrize(
-    "update",
-    [
-        lambda: failing_since_update(lease(), NOW - 5_000, NOW),
-        lambda: failing_cleared_update(lease(), NOW),
-    ],
-    ids=["mark", "clear"],
-)
-def test_the_failing_mark_writes_stamp_the_time_of_the_write(update):
-    assert update().values[":now"] == {"N": str(NOW)}
+def test_the_fence_deadline_follows_the_timing(lease_seconds, sent_at, deadline):
+    timing = LeaseTiming.from_lease(lease_seconds)
+    assert fence_deadline(sent_at, timing) == pytest.approx(deadline)

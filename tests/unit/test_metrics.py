@@ -103,3 +103,19 @@ def test_a_mass_takeover_never_breaks_the_flush(capsys, takeovers):
     metrics.flush()
     last = json.loads(out.getvalue().splitlines()[-1])
     assert all(last[name] == [0.0] for name in m.COUNTERS)
+
+
+def test_sessions_reaped_is_published_among_the_counters():
+    assert m.SESSIONS_REAPED == "SessionsReaped"
+    assert m.SESSIONS_REAPED in m.COUNTERS
+    metrics, out = make()
+    metrics.count(m.SESSIONS_REAPED, 2)
+    metrics.count(m.RENEW_FAILURES)
+    assert metrics.snapshot()[m.SESSIONS_REAPED] == 2
+    metrics.flush()
+    metrics.flush()
+    first, second = (json.loads(line) for line in out.getvalue().splitlines())
+    units = {d["Name"]: d["Unit"] for d in first["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
+    assert units[m.SESSIONS_REAPED] == "Count"
+    assert (first[m.SESSIONS_REAPED], first[m.RENEW_FAILURES]) == ([2.0], [1.0])
+    assert second[m.SESSIONS_REAPED] == [0.0]  # every period, zeros included

@@ -18,9 +18,12 @@ from local_stack.services import local_client
 from tests.router.fixtures import drain_start_messages, snapshot
 from tests.router.local_api import Answer, request
 from tests.support.timing import scaled
+from wsfleet import schema
+from wsfleet.checkpoint_page import PageEntry
 from wsfleet.item_io import get_connection
 from wsfleet.lease_rules import Lease
 from wsfleet.lease_store import LeaseStore
+from wsfleet.session_store import SessionStore
 from wsfleet.start_messages import StartMessage
 from wsfleet.timing import LeaseTiming
 
@@ -152,14 +155,24 @@ def test_repeated_stops_and_starts_stay_consistent(api: str, sqs: Any, queues: Q
     assert len(drain_start_messages(sqs, queues.queue_url)) == 5
 
 
-def checkpoint(ddb: Any, table: str, connection_id: str, last_seq: int) -> Lease:
-    """Take the lease as a worker would, checkpoint ``last_seq`` and release it."""
-    store = LeaseStore(ddb, table, LeaseTiming.from_lease(2.0))
-    now = now_ms()
-    lease = store.acquire(connection_id, "test-worker", now)
+TIMING = LeaseTiming.from_lease(2.0)
+
+
+def own(
+    ddb: Any, table: str, connection_id: str, worker: str = "test-worker", gen: int = 1
+) -> Lease:
+    """Take the connection as a worker session would (the session item is not needed
+    for the take itself)."""
+    lease = LeaseStore(ddb, table, TIMING).acquire(connection_id, worker, gen, now_ms())
     assert isinstance(lease, Lease), lease
-    store.renew(lease, last_seq, now + 1)
-    assert store.release(lease, last_seq, now + 2).released
+    return lease
+
+
+def checkpoint(ddb: Any, table: str, connection_id: str, last_seq: int) -> Lease:
+    """Take the connection as a worker would and release it with ``last_seq`` as its
+    final checkpoint."""
+    lease = own(ddb, table, connection_id)
+    assert LeaseStore(ddb, table, TIMING).release(lease, last_seq, now_ms()).released
     return lease
 
 
@@ -293,11 +306,10 @@ def test_racing_starts_are_decided_by_conditional_writes(
 
 
 def park(ddb: Any, table: str, connection_id: str, last_seq: int, reason: str) -> None:
-    """Take the lease as a worker would, then give the upstream up (the park write)."""
-    store = LeaseStore(ddb, table, LeaseTiming.from_lease(2.0))
+    """Take the connection as a worker would, then give the upstream up (the park write)."""
+    store = LeaseStore(ddb, table, TIMING)
     now = now_ms()
-    lease = store.acquire(connection_id, "test-worker", now)
-    assert isinstance(lease, Lease), lease
+    lease = own(ddb, table, connection_id)
     assert store.record_failing_since(lease, now, now)
     assert store.park(lease, last_seq, reason, now + 1).parked
 
@@ -322,7 +334,11 @@ def test_a_parked_connection_is_shown_and_a_start_re_arms_it(
     drain_start_messages(sqs, queues.queue_url)
 
     shown = request(api, "GET", "/connections/parked").body
-    assert (shown["state"], shown["owner"], shown["lease_seconds_left"]) == ("STARTED", None, None)
+    assert (shown["state"], shown["owner"], shown["session_seconds_left"]) == (
+        "STARTED",
+        None,
+        None,
+    )
     assert shown["parked_reason"] == "HTTP 404 from upstream"
     assert shown["parked_at"] is not None
     assert shown["failing_since"] is None
@@ -339,8 +355,8 @@ def test_a_parked_connection_is_shown_and_a_start_re_arms_it(
     assert (again.body["parked_reason"], again.body["parked_at"]) == (None, None)
     assert again.body["failing_since"] is None
     assert drain_start_messages(sqs, queues.queue_url) == [StartMessage("start", "parked")]
-    store = LeaseStore(ddb, table, LeaseTiming.from_lease(2.0))
-    assert store.find_orphans(now_ms(), limit=10) == ["parked"]
+    store = LeaseStore(ddb, table, TIMING)
+    assert store.find_unowned(schema.free_shards(), limit=10) == ["parked"]
     item = get_connection(ddb, table, "parked")
     assert item is not None
     assert item.seq_gen == expected_seq_gen
@@ -367,3 +383,101 @@ def test_a_stopped_parked_connection_is_re_armed_by_a_start(
     )
     assert (again.body["last_seq"], again.body["expires_at"]) == (4, None)
     assert drain_start_messages(sqs, queues.queue_url) == [StartMessage("start", "parked-stop")]
+
+
+# --- views of owned connections: the owner's session and checkpoint page --------------
+
+
+def test_views_show_the_owners_session_and_its_pages_checkpoint(
+    ddb: Any, table: str, api: str
+) -> None:
+    """Over HTTP against DynamoDB Local: GET and both listings show the owner's session
+    and the page's checkpoint when its entry is the item's hold and stream, the item's
+    own checkpoint otherwise, and nothing of a session for a free connection."""
+    for connection_id in ("paged", "stale", "free"):
+        assert start(api, connection_id, f"ws://127.0.0.1:8765/{connection_id}").status == 201
+    sessions = SessionStore(ddb, table, TIMING)
+    now = now_ms()
+    assert sessions.open("w-views", 3, now, capacity=10)
+    paged = own(ddb, table, "paged", "w-views", 3)
+    stale = own(ddb, table, "stale", "w-views", 3)
+    entries = {
+        "paged": PageEntry(paged.epoch, paged.seq_gen, seq=57, advanced_at_ms=now - 40),
+        "stale": PageEntry(stale.epoch, stale.seq_gen + 1, seq=99, advanced_at_ms=now - 40),
+    }
+    assert sessions.write_page("w-views", 3, entries, now)
+
+    got = {
+        cid: request(api, "GET", f"/connections/{cid}").body for cid in ("paged", "stale", "free")
+    }
+    listed = {
+        v["connection_id"]: v for v in request(api, "GET", "/connections").body["connections"]
+    }
+    by_state = request(api, "GET", "/connections?state=STARTED").body["connections"]
+
+    for views in (got, listed, {v["connection_id"]: v for v in by_state}):
+        assert set(views) == {"paged", "stale", "free"}
+        for cid in ("paged", "stale"):
+            assert (views[cid]["owner"], views[cid]["owner_session_gen"]) == ("w-views", 3)
+            assert views[cid]["owner_session_state"] == "ALIVE"
+            assert 0 < views[cid]["session_seconds_left"] <= TIMING.lease
+        assert (views["paged"]["last_seq"], views["stale"]["last_seq"]) == (57, 0)
+        assert views["paged"]["checkpoint_age_seconds"] >= 0
+        assert views["paged"]["checkpoint_at"] is not None
+        assert views["paged"]["last_advanced_at"] is not None
+        assert (views["stale"]["checkpoint_at"], views["stale"]["last_advanced_at"]) == (None, None)
+        free = views["free"]
+        assert (free["owner"], free["owner_session_state"], free["session_seconds_left"]) == (
+            None,
+            None,
+            None,
+        )
+
+
+def test_a_reaped_owner_shows_dead_with_no_time_left(ddb: Any, table: str, api: str) -> None:
+    assert start(api, "orphan").status == 201
+    sessions = SessionStore(ddb, table, TIMING)
+    opened = now_ms() - 10_000  # lapsed long ago
+    assert sessions.open("w-dead", 1, opened, capacity=10)
+    own(ddb, table, "orphan", "w-dead", 1)
+    shown = request(api, "GET", "/connections/orphan").body
+    assert (shown["owner_session_state"], shown["session_seconds_left"]) == ("ALIVE", 0.0)
+    session = sessions.get_session("w-dead", 1)
+    assert session is not None
+    assert sessions.reap(session, "w-reaper", now_ms())
+
+    shown = request(api, "GET", "/connections/orphan").body
+
+    assert (shown["owner"], shown["owner_session_state"], shown["session_seconds_left"]) == (
+        "w-dead",
+        "DEAD",
+        0.0,
+    )
+
+
+def test_a_scan_pages_past_sessions_and_pages_and_bad_tokens_are_400(
+    ddb: Any, table: str, api: str
+) -> None:
+    ids = sorted(f"scan-{i}" for i in range(4))
+    for connection_id in ids:
+        assert start(api, connection_id, f"ws://127.0.0.1:8765/{connection_id}").status == 201
+    sessions = SessionStore(ddb, table, TIMING)
+    for n in range(8):
+        assert sessions.open(f"w-{n}", 1, now_ms(), capacity=10)
+        assert sessions.write_page(f"w-{n}", 1, {}, now_ms())
+    for limit in (1, 3):
+        seen: list[str] = []
+        token: str | None = None
+        for _ in range(40):
+            query = {"limit": str(limit)} | ({"next_token": token} if token else {})
+            answer = request(api, "GET", f"/connections?{urlencode(query)}")
+            assert answer.status == 200, answer
+            assert len(answer.body["connections"]) <= limit
+            seen += [v["connection_id"] for v in answer.body["connections"]]
+            token = answer.body["next_token"]
+            if token is None:
+                break
+        assert sorted(seen) == ids  # every connection once, no session or page
+    for bad in ("garbage", "eyJrIjp7fX0", "x" * 100):
+        refused = request(api, "GET", f"/connections?next_token={bad}")
+        assert (refused.status, refused.body["error"]) == (400, "invalid_next_token")

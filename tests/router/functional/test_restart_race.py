@@ -1,11 +1,12 @@
 """The start-after-stop race, end to end: two real workers (lease 2 s, heartbeat 0.5 s),
 the router over HTTP, DynamoDB Local, moto SQS and the demo feed.
 
-A connection is stopped and started again through the router's API right after its owner
-renewed, so the owner still holds the lease and has not seen the stop. The start
-bumps ``start_gen``; the owner's next renew fails on it, it closes and releases
-without writing its old checkpoint over the router's reset, and the connection runs
-again under a newer epoch with the URL of the latest start.
+A connection is stopped and started again through the router's API right after its
+owner's session was renewed, so the owner still holds the lease and has not seen the
+stop. The start bumps ``start_gen`` and, like the stop, leaves a notice on the owner's
+session; the owner's next session renew returns them, it reads the item, closes and
+releases without writing its old checkpoint over the router's reset, and the
+connection runs again under a newer epoch with the URL of the latest start.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import pytest
 from local_stack.audit import Record, lost_seqs, stale_deliveries
 from tests.support.fleet import TIMING, Fleet, wait_until
 from tests.support.timing import scaled
+from wsfleet.checkpoint_page import PageEntry
 from wsfleet.item import ConnectionItem
+from wsfleet.session_store import SessionStore
 
 pytestmark = [pytest.mark.fleet, pytest.mark.timeout(scaled(180))]
 
@@ -34,27 +37,44 @@ def running(fleet: Fleet, connection_id: str, ws_url: str) -> ConnectionItem:
     fleet.wait_handling([connection_id], scaled(15), min_seq=5)
     item = fleet.item(connection_id)
     assert item.lease_owner is not None
+    # The router's first answers about an owned connection (item, owner session, page)
+    # are its slowest; the race below needs a stop and a start within one heartbeat.
+    for _ in range(3):
+        assert fleet.api.get(connection_id)["owner"] == item.lease_owner
     return item
 
 
 RACE_ATTEMPTS = 4
 
 
+def session_expiry(fleet: Fleet, item: ConnectionItem) -> int | None:
+    """The expiry of the owning session named by ``item``: it moves with each renew."""
+    if item.lease_owner is None or item.owner_session_gen is None:
+        return None
+    session = SessionStore(fleet.ddb, fleet.table, TIMING).get_session(
+        item.lease_owner, item.owner_session_gen
+    )
+    return None if session is None else session.expires_at_ms
+
+
 def restart_right_after_a_renew(
     fleet: Fleet, connection_id: str, url_for_attempt: Callable[[int], str]
 ) -> tuple[ConnectionItem, float, str]:
-    """Stop, then start with ``url_for_attempt(n)``, just after the owner renewed, so the
-    owner has a whole heartbeat before it can notice. The race needs the stop and the
-    start to land within that heartbeat; a busy machine can miss it, and then the
-    attempt is simply repeated after the next renew (with the next URL). Returns the
-    item as the owner left it, the time of the start and the URL it started with."""
+    """Stop, then start with ``url_for_attempt(n)``, just after the owner's session was
+    renewed, so the owner has a whole heartbeat before it can notice. The race needs
+    the stop and the start to land within that heartbeat; a busy machine can miss it,
+    and then the attempt is simply repeated after the next renew (with the next URL).
+    Returns the item as the owner left it, the time of the start and the URL it
+    started with."""
     for attempt in range(RACE_ATTEMPTS):
         ws_url = url_for_attempt(attempt)
-        seen = fleet.item(connection_id).lease_expires_at_ms
+        owned = fleet.item(connection_id)
+        seen = session_expiry(fleet, owned)
+        assert seen is not None, owned
         wait_until(
-            lambda seen=seen: fleet.item(connection_id).lease_expires_at_ms != seen,
+            lambda owned=owned, seen=seen: session_expiry(fleet, owned) != seen,
             scaled(2 * TIMING.heartbeat + 1),
-            "a renew",
+            "a session renew",
             interval=0.01,
         )
         before = fleet.item(connection_id)
@@ -120,15 +140,30 @@ def test_restart_with_a_new_url_runs_the_new_stream_from_its_start(fleet: Fleet)
     assert not {r.epoch for r in old} & {r.epoch for r in new}
     assert stale_deliveries(records) == []
 
-    def checkpointed_on_b() -> ConnectionItem | None:
+    def checkpointed_on_b() -> tuple[ConnectionItem, PageEntry] | None:
+        """The item, and its owner's checkpoint page entry once it is 5 or more into
+        the new stream under the current hold (a running connection's checkpoint is
+        on its session's page, not on its item)."""
         item = fleet.item("race")
-        return item if item.last_seq >= 5 else None
+        if item.lease_owner is None or item.owner_session_gen is None:
+            return None
+        page = SessionStore(fleet.ddb, fleet.table, TIMING).read_page(
+            item.lease_owner, item.owner_session_gen
+        )
+        entry = None if page is None else page.entries.get("race")
+        if entry is None or entry.epoch != item.lease_epoch or entry.seq < 5:
+            return None
+        return item, entry
 
-    item = wait_until(checkpointed_on_b, scaled(15), "a checkpoint on the new stream")
+    item, entry = wait_until(
+        checkpointed_on_b, scaled(TIMING.checkpoint + 10), "a checkpoint on the new stream"
+    )
     assert item.ws_url == fleet.feed(stream_b)
     assert (item.desired_state, item.start_gen) == ("STARTED", before.start_gen + 1)
     assert item.lease_epoch > before.lease_epoch
-    assert item.last_seq <= max(r.seq for r in fleet.records() if r.feed == stream_b)
+    assert item.seq_gen == before.seq_gen + 1  # the router reset the checkpoint
+    assert entry.seq_gen == item.seq_gen  # the page's entry is of the new stream
+    assert entry.seq <= max(r.seq for r in fleet.records() if r.feed == stream_b)
 
 
 def test_restart_with_the_same_url_continues_without_loss(fleet: Fleet) -> None:

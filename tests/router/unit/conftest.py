@@ -22,12 +22,18 @@ from tests.router.fixtures import (
     load_event,
     snapshot,
 )
+from wsfleet import session_rules
+from wsfleet.checkpoint_page import PageEntry, page_item
 from wsfleet.item import ConnectionItem
 from wsfleet.item_io import get_connection
+from wsfleet.lease_rules import Lease
+from wsfleet.lease_store import LeaseStore
 from wsfleet.start_messages import StartMessage
+from wsfleet.timing import LeaseTiming
 
 TABLE = "connections-unit"
 ALLOWED_HOSTS = "*.example.com,127.0.0.1"
+TIMING = LeaseTiming.from_lease(2.0)
 
 
 @dataclass
@@ -55,7 +61,9 @@ class Router:
 
     def raw_item(self, connection_id: str) -> dict[str, Any]:
         found: dict[str, Any] = self.ddb.get_item(
-            TableName=TABLE, Key={"Pk": {"S": f"CONN#{connection_id}"}}, ConsistentRead=True
+            TableName=TABLE,
+            Key={"Pk": {"S": f"CONN#{connection_id}"}, "Sk": {"S": "CONN"}},
+            ConsistentRead=True,
         )["Item"]
         return found
 
@@ -66,10 +74,32 @@ class Router:
         """What an owner's checkpoint does to the item."""
         self.ddb.update_item(
             TableName=TABLE,
-            Key={"Pk": {"S": f"CONN#{connection_id}"}},
+            Key={"Pk": {"S": f"CONN#{connection_id}"}, "Sk": {"S": "CONN"}},
             UpdateExpression="SET last_seq = :seq",
             ExpressionAttributeValues={":seq": {"N": str(last_seq)}},
         )
+
+    # --- what workers write: sessions, ownership, checkpoint pages -----------------------
+
+    def open_session(self, worker_id: str, session_gen: int, now_ms: int) -> None:
+        """A worker's session, expiring one lease after ``now_ms``."""
+        self.ddb.put_item(
+            TableName=TABLE,
+            Item=session_rules.new_session_item(worker_id, session_gen, now_ms, TIMING, 10),
+        )
+
+    def own(self, connection_id: str, worker_id: str, session_gen: int, now_ms: int) -> Lease:
+        """Take a started connection as that worker's session does."""
+        lease = LeaseStore(self.ddb, TABLE, TIMING).acquire(
+            connection_id, worker_id, session_gen, now_ms
+        )
+        assert isinstance(lease, Lease), lease
+        return lease
+
+    def write_page(
+        self, worker_id: str, session_gen: int, entries: dict[str, PageEntry], now_ms: int
+    ) -> None:
+        self.ddb.put_item(TableName=TABLE, Item=page_item(worker_id, session_gen, entries, now_ms))
 
 
 @pytest.fixture

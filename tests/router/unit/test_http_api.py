@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from zlib import crc32
 
 import pytest
 
+from fleetctl.rates import parse_time_ms
 from lambdas.router.main import handler
+from lambdas.router.service import ConnectionService, wall_clock_ms
+from lambdas.router.settings import RouterSettings
 from local_stack.api_server import LocalContext
 from tests.router.fixtures import (
     assert_error,
@@ -16,18 +20,42 @@ from tests.router.fixtures import (
     with_body,
     with_query,
 )
-from tests.router.unit.conftest import Router
+from tests.router.unit.conftest import TIMING, Router
+from wsfleet.checkpoint_page import PageEntry
 from wsfleet.start_messages import StartMessage
 
 FEED = "wss://feeds.example.com/streams/feed-1"
+
+
+class CountingClient:
+    """A DynamoDB client that records the key of every GetItem (as ``"<Pk> <Sk>"``)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.keys: list[str] = []
+
+    def get_item(self, **kwargs: Any) -> Any:
+        key = kwargs["Key"]
+        self.keys.append(f"{key['Pk']['S']} {key['Sk']['S']}")
+        return self._client.get_item(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
 VIEW_KEYS = {
     "connection_id",
     "state",
     "ws_url",
     "owner",
-    "lease_seconds_left",
+    "owner_session_gen",
+    "owner_session_state",
+    "session_seconds_left",
     "epoch",
     "last_seq",
+    "checkpoint_at",
+    "checkpoint_age_seconds",
+    "last_advanced_at",
     "start_gen",
     "created_at",
     "updated_at",
@@ -60,8 +88,9 @@ def test_create_answers_201_with_the_view_and_sends_one_start_message(router: Ro
     assert body["connection_id"] == "feed-1"
     assert body["state"] == "STARTED"
     assert body["ws_url"] == FEED
-    assert body["owner"] is None
-    assert body["lease_seconds_left"] is None
+    assert (body["owner"], body["owner_session_gen"]) == (None, None)
+    assert (body["owner_session_state"], body["session_seconds_left"]) == (None, None)
+    assert (body["checkpoint_at"], body["checkpoint_age_seconds"]) == (None, None)
     assert (body["epoch"], body["last_seq"], body["start_gen"]) == (0, 0, 1)
     assert body["expires_at"] is None
     assert body["metadata"] == {"team": "ingest", "weight": 0.5}
@@ -72,7 +101,8 @@ def test_a_new_item_carries_every_attribute_the_lease_conditions_name(router: Ro
     router.call("post_create")
     raw = router.raw_item("feed-1")
     assert raw["desired_state"] == {"S": "STARTED"}
-    assert raw["lease_expires_at_ms"] == {"N": "0"}
+    assert raw["free_shard"]["S"].startswith("FREE#")  # in the unowned index
+    assert "lease_expires_at_ms" not in raw  # connections have no expiry of their own
     assert raw["lease_epoch"] == {"N": "0"}
     assert raw["last_seq"] == {"N": "0"}
     assert raw["start_gen"] == {"N": "1"}
@@ -193,22 +223,56 @@ def test_get_shows_the_connection(router: Router) -> None:
     assert (body["connection_id"], body["state"], body["ws_url"]) == ("feed-1", "STARTED", FEED)
 
 
-def test_get_shows_the_seconds_of_lease_left(router: Router) -> None:
+def test_get_shows_the_owners_session_and_the_checkpoint_of_its_page(router: Router) -> None:
     router.call("post_create")
-    router.ddb.update_item(
-        TableName="connections-unit",
-        Key={"Pk": {"S": "CONN#feed-1"}},
-        UpdateExpression="SET lease_owner = :me, lease_expires_at_ms = :exp, lease_epoch = :one",
-        ExpressionAttributeValues={
-            ":me": {"S": "worker-a"},
-            ":exp": {"N": str(2**41)},  # far in the future
-            ":one": {"N": "1"},
-        },
-    )
+    now = wall_clock_ms()
+    router.open_session("worker-a", 7, now)
+    lease = router.own("feed-1", "worker-a", 7, now)
+    entry = PageEntry(epoch=lease.epoch, seq_gen=lease.seq_gen, seq=42, advanced_at_ms=now - 200)
+    router.write_page("worker-a", 7, {"feed-1": entry}, now - 100)
+
     body = response_json(router.call("get_found"))
-    assert body["owner"] == "worker-a"
-    assert body["epoch"] == 1
-    assert body["lease_seconds_left"] > 1000
+
+    assert set(body) == VIEW_KEYS
+    assert (body["owner"], body["owner_session_gen"], body["epoch"]) == ("worker-a", 7, 1)
+    assert body["owner_session_state"] == "ALIVE"
+    assert 0 < body["session_seconds_left"] <= TIMING.lease
+    assert body["last_seq"] == 42
+    assert parse_time_ms(body["checkpoint_at"]) == now - 100
+    assert parse_time_ms(body["last_advanced_at"]) == now - 200
+    assert 0.1 <= body["checkpoint_age_seconds"] < 60
+
+
+def test_get_shows_the_items_checkpoint_when_the_page_entry_is_another_holds(
+    router: Router,
+) -> None:
+    router.call("post_create")
+    router.set_last_seq("feed-1", 30)
+    now = wall_clock_ms()
+    router.open_session("worker-a", 7, now)
+    lease = router.own("feed-1", "worker-a", 7, now)
+    stale = {
+        "feed-1": PageEntry(
+            epoch=lease.epoch - 1, seq_gen=lease.seq_gen, seq=99, advanced_at_ms=now
+        )
+    }
+    router.write_page("worker-a", 7, stale, now)
+
+    body = response_json(router.call("get_found"))
+
+    assert (body["owner"], body["owner_session_state"]) == ("worker-a", "ALIVE")
+    assert body["last_seq"] == 30
+    assert (body["checkpoint_at"], body["checkpoint_age_seconds"]) == (None, None)
+    assert body["last_advanced_at"] is None
+
+
+def test_an_owner_whose_session_is_gone_shows_no_session(router: Router) -> None:
+    router.call("post_create")
+    router.own("feed-1", "worker-gone", 2, wall_clock_ms())  # no session item at all
+    body = response_json(router.call("get_found"))
+    assert (body["owner"], body["owner_session_gen"]) == ("worker-gone", 2)
+    assert (body["owner_session_state"], body["session_seconds_left"]) == (None, None)
+    assert body["checkpoint_at"] is None
 
 
 # --- list ------------------------------------------------------------------------------
@@ -269,6 +333,69 @@ def test_a_token_only_works_for_the_listing_that_issued_it(router: Router) -> No
     assert_error(router.invoke(reused), 400, "invalid_next_token")
     unfiltered = with_query(load_event("list_all"), next_token=token)
     assert_error(router.invoke(unfiltered), 400, "invalid_next_token")
+
+
+def test_a_scan_lists_connections_only_and_pages_through_all_of_them(router: Router) -> None:
+    ids = [f"feed-{i}" for i in range(5)]
+    for connection_id in ids:
+        created(router, connection_id, f"wss://feeds.example.com/{connection_id}")
+    now = wall_clock_ms()
+    for n in range(6):  # sessions in every session shard, each with a page
+        router.open_session(f"worker-{n}", 1, now)
+        router.write_page(f"worker-{n}", 1, {}, now)
+    for limit in ("1", "2", "100"):
+        seen: list[str] = []
+        event = with_query(load_event("list_all"), limit=limit)
+        for _ in range(40):
+            response = router.invoke(event)
+            assert response["statusCode"] == 200, response
+            body = response_json(response)
+            assert len(body["connections"]) <= int(limit)
+            seen += [view["connection_id"] for view in body["connections"]]
+            if body["next_token"] is None:
+                break
+            event = with_query(load_event("list_all"), limit=limit, next_token=body["next_token"])
+        assert sorted(seen) == ids, limit  # each once, and nothing but connections
+
+
+def test_a_listing_reads_each_owners_session_and_page_once(router: Router) -> None:
+    now = wall_clock_ms()
+    for n in range(6):
+        created(router, f"feed-{n}", f"wss://feeds.example.com/{n}")
+    owners = {"feed-0": ("w-1", 1), "feed-1": ("w-1", 1), "feed-2": ("w-1", 1)}
+    owners |= {"feed-3": ("w-2", 4), "feed-4": ("w-2", 4)}  # feed-5 stays free
+    for worker, gen in set(owners.values()):
+        router.open_session(worker, gen, now)
+    leases = {cid: router.own(cid, worker, gen, now) for cid, (worker, gen) in owners.items()}
+    for worker, gen in set(owners.values()):
+        entries = {
+            cid: PageEntry(lease.epoch, lease.seq_gen, seq=10 + int(cid[-1]), advanced_at_ms=now)
+            for cid, lease in leases.items()
+            if owners[cid] == (worker, gen)
+        }
+        router.write_page(worker, gen, entries, now)
+    counting = CountingClient(router.ddb)
+    service = ConnectionService(
+        dynamodb=counting,  # type: ignore[arg-type]
+        sqs=router.sqs,
+        settings=RouterSettings.from_env(),
+    )
+    items = service.list(state=None, limit=100, next_token=None).items
+    counting.keys.clear()
+
+    views = service.views(items)
+
+    assert sorted(counting.keys) == sorted(
+        [f"SESSIONS#{crc32(w.encode()) % 4} {w}#{g}" for w, g in [("w-1", 1), ("w-2", 4)]]
+        + ["PAGE#w-1#1 PAGE", "PAGE#w-2#4 PAGE"]
+    )
+    shown = {
+        v["connection_id"]: (v["owner"], v["owner_session_state"], v["last_seq"]) for v in views
+    }
+    assert shown == {
+        **{cid: (worker, "ALIVE", 10 + int(cid[-1])) for cid, (worker, _) in owners.items()},
+        "feed-5": (None, None, 0),
+    }
 
 
 def test_an_empty_table_lists_nothing(router: Router) -> None:

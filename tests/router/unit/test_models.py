@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -19,8 +20,10 @@ from lambdas.router.models import (
     StopDetail,
     to_dynamodb_value,
 )
-from lambdas.router.views import connection_view
+from lambdas.router.views import OwnerRecords, connection_view
+from wsfleet.checkpoint_page import CheckpointPage, PageEntry
 from wsfleet.item import ConnectionItem
+from wsfleet.session_rules import SessionItem
 
 URL = "wss://feeds.example.com/x"
 
@@ -157,27 +160,49 @@ def test_event_details_require_the_id() -> None:
     assert StopDetail.model_validate({"connection_id": "c"}).connection_id == "c"
 
 
-@pytest.mark.parametrize(
-    "item",
-    [
-        ConnectionItem(connection_id="a", desired_state="STARTED", ws_url=URL, start_gen=1),
-        ConnectionItem(
-            connection_id="b",
-            desired_state="STOPPED",
-            ws_url=URL,
-            lease_owner="worker-1",
-            lease_expires_at_ms=1_000,
-            lease_epoch=3,
-            last_seq=17,
-            start_gen=2,
-            created_at_ms=1,
-            updated_at_ms=2,
-            expires_at=3,
-            extra={"metadata": {"team": "x", "weights": [0.5, 2]}},
-        ),
-    ],
+OWNED = ConnectionItem(
+    connection_id="b",
+    desired_state="STOPPED",
+    ws_url=URL,
+    lease_owner="worker-1",
+    owner_session_gen=4,
+    lease_epoch=3,
+    last_seq=17,
+    start_gen=2,
+    created_at_ms=1,
+    updated_at_ms=2,
+    expires_at=3,
+    extra={"metadata": {"team": "x", "weights": [0.5, 2]}},
 )
-def test_the_documented_view_matches_what_the_api_returns(item: ConnectionItem) -> None:
-    view = connection_view(item, now_ms=500)
+SESSION = SessionItem(worker_id="worker-1", session_gen=4, state="ALIVE", expires_at_ms=2_500)
+OWNER = OwnerRecords(
+    session=SESSION,
+    page=CheckpointPage(
+        written_at_ms=400, entries={"b": PageEntry(epoch=3, seq_gen=0, seq=40, advanced_at_ms=350)}
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("item", "owner"),
+    [
+        (ConnectionItem(connection_id="a", desired_state="STARTED", ws_url=URL, start_gen=1), None),
+        (OWNED, None),
+        (OWNED, OWNER),
+        (OWNED, OwnerRecords(session=replace(SESSION, state="DEAD"))),
+    ],
+    ids=["free", "owned, session gone", "owned, live, page", "owned, dead, no page"],
+)
+def test_the_documented_view_matches_what_the_api_returns(
+    item: ConnectionItem, owner: OwnerRecords | None
+) -> None:
+    view = connection_view(item, 500, owner or OwnerRecords())
     assert ConnectionView.model_validate(view).model_dump() == view
     StartedConnection.model_validate({**view, "outcome": "created"})
+
+
+def test_the_view_documents_every_field_it_shows() -> None:
+    view = connection_view(OWNED, 500, OWNER)
+    assert set(view) == set(ConnectionView.model_fields)
+    assert "lease_seconds_left" not in ConnectionView.model_fields
+    assert "lease_seconds_left" in (ConnectionView.__doc__ or "")  # says it is gone

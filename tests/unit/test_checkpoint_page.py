@@ -1,0 +1,146 @@
+"""A session's checkpoint page: the packed entries, the item, its put condition, and
+where a takeover resumes from."""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import pytest
+
+from tests.unit.expressions import holds
+from wsfleet.checkpoint_page import (
+    CheckpointPage,
+    PageEntry,
+    decode_entries,
+    encode_entries,
+    page_from_dynamodb,
+    page_item,
+    page_put_condition,
+    resume_seq,
+)
+
+WRITTEN = 1_000_000
+ENTRIES = {
+    "c1": PageEntry(epoch=3, seq_gen=0, seq=41, advanced_at_ms=WRITTEN - 250),
+    "c2": PageEntry(epoch=1, seq_gen=2, seq=0, advanced_at_ms=None),  # nothing handled yet
+    "c3": PageEntry(epoch=9, seq_gen=1, seq=7, advanced_at_ms=WRITTEN),  # moved at the write
+}
+
+
+def test_entries_are_packed_as_rows_of_json_then_zlib():
+    rows = json.loads(zlib.decompress(encode_entries(ENTRIES, WRITTEN)))
+    assert rows == [["c1", 3, 0, 41, 250], ["c2", 1, 2, 0, -1], ["c3", 9, 1, 7, 0]]
+
+
+def test_the_stored_bytes_are_compact_json_at_zlibs_default_level():
+    """The exact bytes: the JSON with no spaces, compressed at level 6 (whose zlib
+    header is 78 9c; levels 7 to 9 would write 78 da)."""
+    blob = encode_entries({"c1": ENTRIES["c1"]}, WRITTEN)
+    assert zlib.decompress(blob) == b'[["c1",3,0,41,250]]'
+    assert blob == zlib.compress(b'[["c1",3,0,41,250]]', 6)
+    assert blob[:2] == b"\x78\x9c"
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [ENTRIES, {}, {"c1": PageEntry(0, 0, 0, None)}, {"c1": PageEntry(2, 3, 10**12, 1)}],
+    ids=["several", "empty", "zeros", "large"],
+)
+def test_entries_round_trip(entries):
+    assert decode_entries(encode_entries(entries, WRITTEN), WRITTEN) == entries
+
+
+def test_a_move_after_the_write_time_reads_back_as_the_write_time():
+    """A clock that stepped back between the move and the write: never 'in the future'."""
+    ahead = {"c1": PageEntry(epoch=1, seq_gen=0, seq=5, advanced_at_ms=WRITTEN + 40)}
+    decoded = decode_entries(encode_entries(ahead, WRITTEN), WRITTEN)
+    assert decoded["c1"].advanced_at_ms == WRITTEN
+
+
+def test_the_move_time_is_kept_relative_to_the_write():
+    """What is stored is 'ms before the write', so the page reads back against its
+    own written_at_ms."""
+    blob = encode_entries({"c1": ENTRIES["c1"]}, WRITTEN)
+    assert decode_entries(blob, WRITTEN + 1_000)["c1"].advanced_at_ms == WRITTEN + 750
+
+
+def test_a_page_packs_a_full_worker_small():
+    """500 connections fit in a few KB of item (one write unit per started KB)."""
+    many = {
+        f"conn-{i:04d}": PageEntry(
+            epoch=i % 7 + 1, seq_gen=i % 3, seq=1000 + i, advanced_at_ms=WRITTEN - i
+        )
+        for i in range(500)
+    }
+    blob = encode_entries(many, WRITTEN)
+    assert len(blob) < 16_000
+    assert decode_entries(blob, WRITTEN) == many
+
+
+def test_page_item_shape():
+    item = page_item("worker-a", 7, ENTRIES, WRITTEN)
+    assert set(item) == {"Pk", "Sk", "written_at_ms", "entries"}
+    assert item["Pk"] == {"S": "PAGE#worker-a#7"}
+    assert item["Sk"] == {"S": "PAGE"}
+    assert item["written_at_ms"] == {"N": str(WRITTEN)}
+    assert item["entries"] == {"B": encode_entries(ENTRIES, WRITTEN)}
+
+
+@pytest.mark.parametrize("as_type", [bytes, bytearray, memoryview])
+def test_a_page_reads_back_from_its_item(as_type):
+    item = page_item("worker-a", 7, ENTRIES, WRITTEN)
+    item["entries"] = {"B": as_type(item["entries"]["B"])}
+    assert page_from_dynamodb(item) == CheckpointPage(written_at_ms=WRITTEN, entries=ENTRIES)
+
+
+def test_page_put_condition_exactly():
+    assert page_put_condition(WRITTEN) == {
+        "ConditionExpression": "attribute_not_exists(#written) OR #written < :written",
+        "ExpressionAttributeNames": {"#written": "written_at_ms"},
+        "ExpressionAttributeValues": {":written": {"N": str(WRITTEN)}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("stored", "replaced"),
+    [
+        (None, True),  # the first page of the session
+        (WRITTEN - 5_000, True),
+        (WRITTEN - 1, True),
+        (WRITTEN, False),  # the same write again: nothing to do
+        (WRITTEN + 1, False),  # a late write of an older page
+    ],
+)
+def test_a_page_never_replaces_a_newer_one(stored, replaced):
+    condition = page_put_condition(WRITTEN)
+    item = None if stored is None else page_item("worker-a", 7, {}, stored)
+    assert (
+        holds(
+            condition["ConditionExpression"],
+            item,
+            condition["ExpressionAttributeNames"],
+            condition["ExpressionAttributeValues"],
+        )
+        is replaced
+    )
+
+
+# Item: epoch 5, seq_gen 2, last_seq 100.
+@pytest.mark.parametrize(
+    ("entry", "resume"),
+    [
+        (None, 100),  # nothing on the page
+        (PageEntry(epoch=5, seq_gen=2, seq=130, advanced_at_ms=None), 130),  # page ahead
+        (PageEntry(epoch=5, seq_gen=2, seq=101, advanced_at_ms=None), 101),
+        (PageEntry(epoch=5, seq_gen=2, seq=100, advanced_at_ms=None), 100),
+        (PageEntry(epoch=5, seq_gen=2, seq=90, advanced_at_ms=None), 100),  # behind the item
+        (PageEntry(epoch=4, seq_gen=2, seq=130, advanced_at_ms=None), 100),  # an older hold
+        (PageEntry(epoch=6, seq_gen=2, seq=130, advanced_at_ms=None), 100),
+        (PageEntry(epoch=5, seq_gen=1, seq=130, advanced_at_ms=None), 100),  # an older stream
+        (PageEntry(epoch=5, seq_gen=3, seq=130, advanced_at_ms=None), 100),
+        (PageEntry(epoch=4, seq_gen=1, seq=130, advanced_at_ms=None), 100),
+    ],
+)
+def test_where_a_takeover_resumes(entry, resume):
+    assert resume_seq(5, 2, 100, entry) == resume

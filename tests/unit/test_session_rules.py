@@ -1,0 +1,597 @@
+"""The session protocol as tables: opening, renewing (with the notices acted on),
+reaping at the skew boundary, retiring, notices, sweeping and forgetting a dead
+session. Writes are checked exactly and run against items by tests/unit/expressions.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.unit.expressions import Item, attempt, holds
+from wsfleet import schema
+from wsfleet.item import to_attribute
+from wsfleet.lease_rules import fence_deadline
+from wsfleet.session_rules import (
+    RenewRefusal,
+    SessionItem,
+    forget_condition,
+    is_lapsed,
+    may_forget,
+    may_sweep,
+    new_session_item,
+    notice_connection_id,
+    notice_token,
+    notice_update,
+    reap_cutoff_ms,
+    reap_update,
+    reaper_room,
+    renew_failure,
+    renew_update,
+    retire_update,
+    takeover_latency_ms,
+    takeover_share,
+)
+from wsfleet.timing import LeaseTiming
+
+TIMING = LeaseTiming.from_lease()  # lease 2500 ms, skew 250 ms, margin 250 ms
+ME = "worker-a"  # crc32 % 4 == 0: partition SESSIONS#0
+GEN = 7
+REAPER = "worker-b"
+NOW = 1_000_000
+GRACE = 1_000
+
+
+def N(n: int) -> dict[str, str]:  # noqa: N802 - the attribute type's own letter
+    return {"N": str(n)}
+
+
+def S(s: str) -> dict[str, str]:  # noqa: N802
+    return {"S": s}
+
+
+def session_raw(worker: str = ME, gen: int = GEN, **fields: Any) -> Item:
+    """A typed session item; a field given as None is left out."""
+    base: dict[str, Any] = {
+        "Pk": schema.session_partition(worker),
+        "Sk": f"{worker}#{gen}",
+        "worker_id": worker,
+        "session_gen": gen,
+        "state": schema.ALIVE,
+        "expires_at_ms": NOW + 100,
+        "started_at_ms": NOW - 60_000,
+        "connections": 3,
+        "capacity": 500,
+    }
+    return {k: to_attribute(v) for k, v in (base | fields).items() if v is not None}
+
+
+def session(**fields: Any) -> SessionItem:
+    return SessionItem.from_dynamodb(session_raw(**fields))
+
+
+# --- opening ---------------------------------------------------------------------------
+
+
+def test_new_session_item_exactly():
+    assert new_session_item(ME, GEN, NOW, TIMING, 500) == {
+        "Pk": S("SESSIONS#0"),
+        "Sk": S("worker-a#7"),
+        "worker_id": S(ME),
+        "session_gen": N(GEN),
+        "state": S("ALIVE"),
+        "expires_at_ms": N(NOW + 2500),
+        "started_at_ms": N(NOW),
+        "connections": N(0),
+        "capacity": N(500),
+    }
+
+
+def test_a_new_session_reads_back_as_alive_and_empty():
+    opened = SessionItem.from_dynamodb(new_session_item(ME, GEN, NOW, TIMING, 12))
+    assert opened == SessionItem(
+        worker_id=ME,
+        session_gen=GEN,
+        state=schema.ALIVE,
+        expires_at_ms=NOW + 2500,
+        started_at_ms=NOW,
+        reaped_at_ms=None,
+        reaped_by=None,
+        notices=frozenset(),
+        connections=0,
+        capacity=12,
+    )
+    assert opened.alive
+    assert opened.key == (ME, GEN)
+
+
+# --- renewing ----------------------------------------------------------------------------
+
+
+def test_renew_update_exactly():
+    update = renew_update(NOW, TIMING, connections=3)
+    assert update.update_expression == "SET #expires = :expires, #conns = :conns"
+    assert update.condition_expression == "#state = :alive AND #expires <= :expires"
+    assert update.names == {
+        "#state": "state",
+        "#expires": "expires_at_ms",
+        "#conns": "connections",
+    }
+    assert update.values == {":alive": S("ALIVE"), ":expires": N(NOW + 2500), ":conns": N(3)}
+
+
+@pytest.mark.parametrize(
+    "acted",
+    [
+        ["c2 stop 5", "c1 start 4"],
+        ["c1 start 4", "c2 stop 5", "c2 stop 5"],  # the same notice twice: once
+        ("c2 stop 5", "c1 start 4"),
+    ],
+)
+def test_the_notices_acted_on_are_removed_in_the_renew(acted):
+    update = renew_update(NOW, TIMING, connections=0, acted_on=iter(acted))
+    assert update.update_expression == (
+        "SET #expires = :expires, #conns = :conns DELETE #notices :acted"
+    )
+    assert update.condition_expression == "#state = :alive AND #expires <= :expires"
+    assert update.names == {
+        "#state": "state",
+        "#expires": "expires_at_ms",
+        "#conns": "connections",
+        "#notices": "notices",
+    }
+    assert update.values == {
+        ":alive": S("ALIVE"),
+        ":expires": N(NOW + 2500),
+        ":conns": N(0),
+        ":acted": {"SS": ["c1 start 4", "c2 stop 5"]},
+    }
+
+
+def test_no_notice_acted_on_deletes_nothing():
+    """DynamoDB refuses an empty set, so no notices means no DELETE at all."""
+    assert renew_update(NOW, TIMING, connections=1, acted_on=[]) == renew_update(
+        NOW, TIMING, connections=1
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "passes"),
+    [
+        ({"expires_at_ms": NOW + 2500 - 600}, True),  # the renew of a heartbeat ago
+        ({"expires_at_ms": NOW + 2499}, True),
+        ({"expires_at_ms": NOW + 2500}, True),  # a retry of this very renew
+        ({"expires_at_ms": NOW + 2501}, False),  # a later renew landed first
+        ({"expires_at_ms": NOW - 5000}, True),  # lapsed but not reaped: still ours
+        ({"state": schema.DEAD, "expires_at_ms": NOW}, False),  # reaped: never again
+        ({"state": schema.DEAD, "expires_at_ms": NOW + 5000}, False),
+    ],
+)
+def test_a_renew_passes_while_alive_and_never_moves_the_expiry_back(fields, passes):
+    new = attempt(renew_update(NOW, TIMING, connections=4), session_raw(**fields))
+    assert (new is not None) is passes
+    if new is not None:
+        assert new == session_raw(**(fields | {"expires_at_ms": NOW + 2500, "connections": 4}))
+
+
+def test_a_renew_of_a_forgotten_session_fails():
+    assert attempt(renew_update(NOW, TIMING, connections=0), None) is None
+
+
+@pytest.mark.parametrize(
+    ("notices", "acted", "left"),
+    [
+        ({"c1 stop 4", "c2 start 5", "c3 stop 9"}, ["c1 stop 4", "c2 start 5"], {"c3 stop 9"}),
+        ({"c1 stop 4"}, ["c1 stop 4"], None),  # the last one: the attribute goes
+        ({"c1 stop 4", "c1 stop 8"}, ["c1 stop 4"], {"c1 stop 8"}),  # a newer one stays
+        ({"c1 stop 8"}, ["c1 stop 4"], {"c1 stop 8"}),
+        (None, ["c1 stop 4"], None),  # already gone (a retry of the renew)
+    ],
+)
+def test_removing_acted_notices_keeps_every_other_one(notices, acted, left):
+    new = attempt(
+        renew_update(NOW, TIMING, connections=3, acted_on=acted), session_raw(notices=notices)
+    )
+    assert new is not None
+    assert SessionItem.from_dynamodb(new).notices == frozenset(left or ())
+    assert ("notices" in new) is (left is not None)
+
+
+@pytest.mark.parametrize(
+    ("old", "refusal", "keeps"),
+    [
+        (None, RenewRefusal.REAPED, False),  # forgotten
+        (session(state=schema.DEAD), RenewRefusal.REAPED, False),
+        (session(state=schema.DEAD, expires_at_ms=NOW + 10_000), RenewRefusal.REAPED, False),
+        (session(state=None), RenewRefusal.REAPED, False),  # no state reads as DEAD
+        (session(state=schema.ALIVE), RenewRefusal.SUPERSEDED, True),
+    ],
+)
+def test_what_a_refused_renew_means(old, refusal, keeps):
+    assert renew_failure(old) is refusal
+    assert refusal.keeps_session is keeps
+
+
+# --- reaping -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("timing", "cutoff"),
+    [
+        (TIMING, NOW - 250),
+        (LeaseTiming.from_lease(2, heartbeat=0.5, reconcile=0.5, skew=0.2), NOW - 200),
+        (LeaseTiming.from_lease(20, skew=0), NOW),
+    ],
+)
+def test_the_reap_cutoff_is_now_minus_skew(timing, cutoff):
+    assert reap_cutoff_ms(NOW, timing) == cutoff
+
+
+@pytest.mark.parametrize(
+    ("fields", "lapsed"),
+    [
+        ({"expires_at_ms": NOW + 1}, False),
+        ({"expires_at_ms": NOW}, False),  # expired, but within the skew
+        ({"expires_at_ms": NOW - 250}, False),  # exactly now - skew: NOT lapsed
+        ({"expires_at_ms": NOW - 251}, True),  # one ms earlier
+        ({"expires_at_ms": 0}, True),
+        ({"expires_at_ms": NOW - 251, "state": schema.DEAD}, False),  # reaped already
+    ],
+)
+def test_a_session_lapses_one_ms_past_its_expiry_plus_the_skew(fields, lapsed):
+    assert is_lapsed(session(**fields), NOW, TIMING) is lapsed
+    # The reap's own condition draws the same line.
+    assert (attempt(reap_update(REAPER, NOW, TIMING), session_raw(**fields)) is not None) is lapsed
+
+
+def test_reap_update_exactly():
+    update = reap_update(REAPER, NOW, TIMING)
+    assert update.update_expression == "SET #state = :dead, #reapedat = :now, #reapedby = :me"
+    assert update.condition_expression == "#state = :alive AND #expires < :cutoff"
+    assert update.names == {
+        "#state": "state",
+        "#reapedat": "reaped_at_ms",
+        "#reapedby": "reaped_by",
+        "#expires": "expires_at_ms",
+    }
+    assert update.values == {
+        ":dead": S("DEAD"),
+        ":alive": S("ALIVE"),
+        ":now": N(NOW),
+        ":me": S(REAPER),
+        ":cutoff": N(NOW - 250),
+    }
+
+
+def test_a_reaped_session_is_dead_for_good():
+    lapsed = session_raw(expires_at_ms=NOW - 1_000)
+    reaped = attempt(reap_update(REAPER, NOW, TIMING), lapsed)
+    assert reaped == lapsed | {
+        "state": S("DEAD"),
+        "reaped_at_ms": N(NOW),
+        "reaped_by": S(REAPER),
+    }
+    dead = SessionItem.from_dynamodb(reaped)
+    assert (dead.alive, dead.reaped_at_ms, dead.reaped_by) == (False, NOW, REAPER)
+    # Its owner's late renew fails, and says so; nobody reaps it twice.
+    assert attempt(renew_update(NOW, TIMING, connections=3), reaped) is None
+    assert renew_failure(dead) is RenewRefusal.REAPED
+    assert attempt(reap_update("worker-c", NOW + 5_000, TIMING), reaped) is None
+
+
+def test_retire_update_exactly():
+    update = retire_update(ME, NOW)
+    assert update.update_expression == "SET #state = :dead, #reapedat = :now, #reapedby = :me"
+    assert update.condition_expression == "#state = :alive"
+    assert update.names == {
+        "#state": "state",
+        "#reapedat": "reaped_at_ms",
+        "#reapedby": "reaped_by",
+    }
+    assert update.values == {
+        ":dead": S("DEAD"),
+        ":alive": S("ALIVE"),
+        ":now": N(NOW),
+        ":me": S(ME),
+    }
+
+
+@pytest.mark.parametrize(
+    ("fields", "retired"),
+    [
+        ({"expires_at_ms": NOW + 2500}, True),
+        ({"expires_at_ms": NOW - 10_000}, True),  # lapsed, not yet reaped: retire anyway
+        ({"state": schema.DEAD, "reaped_by": REAPER, "reaped_at_ms": NOW - 5}, False),
+    ],
+)
+def test_a_worker_retires_its_own_live_session(fields, retired):
+    new = attempt(retire_update(ME, NOW), session_raw(**fields))
+    assert (new is not None) is retired
+    if new is not None:
+        assert SessionItem.from_dynamodb(new).state == schema.DEAD
+        assert (new["reaped_at_ms"], new["reaped_by"]) == (N(NOW), S(ME))
+
+
+def test_the_fence_deadline_falls_before_any_reap():
+    """With clocks within the skew of each other, no worker can reap a session (and
+    so take its connections) before the owner's fence deadline of the same renew, and
+    the margin is left on top."""
+    renew_sent_ms = NOW
+    expires = renew_sent_ms + TIMING.lease_ms
+    fence_ms = fence_deadline(renew_sent_ms / 1000, TIMING) * 1000
+    renewed = session(expires_at_ms=expires)
+    for offset_ms in range(-TIMING.skew_ms, TIMING.skew_ms + 1, 50):
+        # earliest reap, on the owner's clock: the reaper's clock reads owner + offset
+        first = next(
+            t
+            for t in range(expires - 1_000, expires + 1_000)
+            if is_lapsed(renewed, t + offset_ms, TIMING)
+        )
+        assert first - fence_ms > TIMING.margin * 1000, offset_ms
+
+
+# --- notices -------------------------------------------------------------------------------
+
+
+def test_notice_update_exactly():
+    update = notice_update("c1 stop 123")
+    assert update.update_expression == "ADD #notices :token"
+    assert update.condition_expression == "attribute_exists(#pk)"
+    assert update.names == {"#notices": "notices", "#pk": "Pk"}
+    assert update.values == {":token": {"SS": ["c1 stop 123"]}}
+
+
+@pytest.mark.parametrize(
+    ("item", "notices"),
+    [
+        (session_raw(), {"c1 stop 123"}),
+        (session_raw(notices={"c2 start 100"}), {"c1 stop 123", "c2 start 100"}),
+        (session_raw(notices={"c1 stop 123"}), {"c1 stop 123"}),
+        (session_raw(state=schema.DEAD), {"c1 stop 123"}),  # dead but not forgotten: fine
+        (None, None),  # forgotten: nobody left to tell
+    ],
+)
+def test_a_notice_is_added_to_an_existing_session_only(item, notices):
+    new = attempt(notice_update("c1 stop 123"), item)
+    if notices is None:
+        assert new is None
+    else:
+        assert new is not None
+        assert SessionItem.from_dynamodb(new).notices == frozenset(notices)
+
+
+@pytest.mark.parametrize(
+    ("connection_id", "what", "now", "token"),
+    [
+        ("c1", "stop", 123, "c1 stop 123 n0"),
+        ("c1", "start", 0, "c1 start 0 n0"),
+        ("a.b:c-d_e", "start", NOW, f"a.b:c-d_e start {NOW} n0"),
+        ("x" * 128, "stop", 1, "x" * 128 + " stop 1 n0"),
+    ],
+)
+def test_notice_tokens_round_trip(connection_id, what, now, token):
+    assert notice_token(connection_id, what, now, "n0") == token
+    assert notice_connection_id(token) == connection_id
+
+
+def test_notice_tokens_of_two_router_writes_differ():
+    assert notice_token("c1", "stop", 5, "n") != notice_token("c1", "stop", 6, "n")
+    assert notice_token("c1", "stop", 5, "n") != notice_token("c1", "start", 5, "n")
+    # Two writes of the same millisecond differ by their nonce.
+    assert notice_token("c1", "stop", 5, "a1") != notice_token("c1", "stop", 5, "b2")
+
+
+# --- sweeping and forgetting a dead session -------------------------------------------------
+
+REAPED_AT = NOW - 500
+
+
+@pytest.mark.parametrize(
+    ("fields", "me", "now", "sweeps"),
+    [
+        ({}, REAPER, NOW, False),  # alive: nothing to sweep
+        ({"reaped_by": REAPER, "reaped_at_ms": REAPED_AT}, REAPER, NOW, False),  # alive still
+        ({"state": schema.DEAD}, REAPER, NOW, False),  # no reap time: not swept
+        ({"state": schema.DEAD, "reaped_by": REAPER}, REAPER, NOW, False),
+        # the reaper goes at once
+        (
+            {"state": schema.DEAD, "reaped_by": REAPER, "reaped_at_ms": REAPED_AT},
+            REAPER,
+            REAPED_AT,
+            True,
+        ),
+        # the others only after the grace
+        (
+            {"state": schema.DEAD, "reaped_by": REAPER, "reaped_at_ms": REAPED_AT},
+            "w-c",
+            REAPED_AT,
+            False,
+        ),
+        (
+            {"state": schema.DEAD, "reaped_by": REAPER, "reaped_at_ms": REAPED_AT},
+            "w-c",
+            REAPED_AT + GRACE - 1,
+            False,
+        ),
+        (
+            {"state": schema.DEAD, "reaped_by": REAPER, "reaped_at_ms": REAPED_AT},
+            "w-c",
+            REAPED_AT + GRACE,
+            True,
+        ),
+        # retired by its owner: everyone else waits the grace
+        (
+            {"state": schema.DEAD, "reaped_by": ME, "reaped_at_ms": REAPED_AT},
+            REAPER,
+            REAPED_AT,
+            False,
+        ),
+        (
+            {"state": schema.DEAD, "reaped_by": ME, "reaped_at_ms": REAPED_AT},
+            REAPER,
+            REAPED_AT + GRACE,
+            True,
+        ),
+        ({"state": schema.DEAD, "reaped_at_ms": REAPED_AT}, REAPER, REAPED_AT + GRACE, True),
+        ({"state": schema.DEAD, "reaped_at_ms": 0}, REAPER, 0, False),  # 0 is a reap time
+    ],
+)
+def test_who_sweeps_a_dead_session_and_when(fields, me, now, sweeps):
+    assert may_sweep(session(**fields), me, now, GRACE) is sweeps
+
+
+@pytest.mark.parametrize(
+    ("last_seen", "forget"),
+    [
+        (NOW, False),
+        (NOW - 2499, False),
+        (NOW - 2500, True),  # a full lease with nothing seen under it
+        (NOW - 2501, True),
+        (NOW + 10, False),
+    ],
+)
+def test_a_dead_session_is_forgotten_after_a_full_lease_of_nothing(last_seen, forget):
+    assert may_forget(last_seen, NOW, TIMING) is forget
+
+
+def test_forget_condition_exactly():
+    condition = forget_condition()
+    assert condition == {
+        "ConditionExpression": "#state = :dead",
+        "ExpressionAttributeNames": {"#state": "state"},
+        "ExpressionAttributeValues": {":dead": S("DEAD")},
+    }
+    names, values = condition["ExpressionAttributeNames"], condition["ExpressionAttributeValues"]
+    assert holds(condition["ConditionExpression"], session_raw(state=schema.DEAD), names, values)
+    assert not holds(condition["ConditionExpression"], session_raw(), names, values)
+
+
+@pytest.mark.parametrize(
+    ("expires", "latency"),
+    [
+        (NOW - 3_000, 3_000),
+        (NOW - 1, 1),
+        (NOW, 0),
+        (NOW + 10, 0),  # within the skew: clamped, never negative
+    ],
+)
+def test_takeover_latency_from_the_dead_sessions_expiry(expires, latency):
+    dead = session(state=schema.DEAD, expires_at_ms=expires, reaped_at_ms=NOW - 1)
+    assert takeover_latency_ms(dead, NOW) == latency
+
+
+# --- reading a session -------------------------------------------------------------------
+
+
+def test_a_session_item_reads_every_attribute():
+    raw = session_raw(
+        state=schema.DEAD,
+        expires_at_ms=NOW - 1_000,
+        started_at_ms=NOW - 60_000,
+        reaped_at_ms=NOW - 200,
+        reaped_by=REAPER,
+        notices={"c1 stop 4", "c2 start 5"},
+        connections=17,
+        capacity=250,
+    )
+    assert SessionItem.from_dynamodb(raw) == SessionItem(
+        worker_id=ME,
+        session_gen=GEN,
+        state=schema.DEAD,
+        expires_at_ms=NOW - 1_000,
+        started_at_ms=NOW - 60_000,
+        reaped_at_ms=NOW - 200,
+        reaped_by=REAPER,
+        notices=frozenset({"c1 stop 4", "c2 start 5"}),
+        connections=17,
+        capacity=250,
+    )
+
+
+def test_a_session_item_with_only_its_key_reads_as_dead():
+    """The key alone (a torn or foreign item) must never look alive."""
+    bare = SessionItem.from_dynamodb({"Pk": S("SESSIONS#0"), "Sk": S("host-1#0")})
+    assert bare == SessionItem(
+        worker_id="host-1",
+        session_gen=0,
+        state=schema.DEAD,
+        expires_at_ms=0,
+        started_at_ms=0,
+        reaped_at_ms=None,
+        reaped_by=None,
+        notices=frozenset(),
+        connections=0,
+        capacity=0,
+    )
+    assert not bare.alive
+
+
+def test_the_worker_id_is_everything_before_the_last_hash_of_the_sort_key():
+    item = SessionItem.from_dynamodb({"Pk": S("SESSIONS#2"), "Sk": S("pod#a#b#12")})
+    assert item.key == ("pod#a#b", 12)
+
+
+# --- who takes what of a dead session ------------------------------------------------------
+
+IDS = ["a", "b", "c", "d", "e"]
+
+
+@pytest.mark.parametrize(
+    ("reaper", "room", "free", "share"),
+    [
+        # The reaper: from the front, up to its free capacity.
+        (True, None, 10, IDS),
+        (True, 3, 2, ["a", "b"]),
+        (True, 0, 5, IDS),  # its own room is its free capacity, not the listed one
+        (True, None, 0, []),
+        # Another worker: only what the reaper has no room for, from the back.
+        (False, 5, 10, []),
+        (False, 9, 10, []),
+        (False, 3, 10, ["e", "d"]),
+        (False, 4, 10, ["e"]),
+        (False, 0, 10, ["e", "d", "c", "b", "a"]),
+        (False, 3, 1, ["e"]),  # and no more than it has room for
+        (False, -2, 10, ["e", "d", "c", "b", "a"]),
+        # No reaper to leave them to (gone, or past the fallback): anything, from the back.
+        (False, None, 3, ["e", "d", "c"]),
+        (False, None, 0, []),
+    ],
+)
+def test_the_takers_of_a_dead_session_share_without_racing(reaper, room, free, share):
+    assert takeover_share(IDS, reaper=reaper, reaper_room=room, free=free) == share
+
+
+def test_the_reapers_share_and_the_others_never_overlap_while_it_has_room():
+    for room in range(len(IDS) + 1):
+        mine = set(takeover_share(IDS, reaper=True, reaper_room=None, free=room))
+        theirs = set(takeover_share(IDS, reaper=False, reaper_room=room, free=10))
+        assert not mine & theirs
+        assert mine | theirs == set(IDS)
+
+
+def _live(worker: str, connections: int, capacity: int, state: str = schema.ALIVE) -> SessionItem:
+    return SessionItem(
+        worker_id=worker,
+        session_gen=1,
+        state=state,
+        expires_at_ms=NOW,
+        connections=connections,
+        capacity=capacity,
+    )
+
+
+@pytest.mark.parametrize(
+    ("sessions", "reaper", "room"),
+    [
+        ([_live("r", 200, 500), _live("x", 10, 500)], "r", 300),
+        ([_live("r", 500, 500)], "r", 0),
+        ([_live("r", 10, 0)], "r", 0),  # draining: no room
+        ([_live("r", 600, 500)], "r", 0),
+        ([_live("r", 1, 5, schema.DEAD)], "r", None),  # the reaper died since
+        ([_live("x", 1, 5)], "r", None),
+        ([], None, None),
+    ],
+)
+def test_the_room_of_the_reaper_comes_from_its_live_session(sessions, reaper, room):
+    assert reaper_room(sessions, reaper) == room

@@ -1,0 +1,288 @@
+"""The session protocol of docs/DESIGN.md §3 as pure functions.
+
+A worker process proves it is alive once per heartbeat by renewing one small
+*session* item; its connections carry no liveness of their own. Nothing here reads a
+clock or touches the network: callers pass ``now`` in.
+
+Timeline of one session (wall clock of the writer, ``L`` = lease, ``S`` = skew)::
+
+    t0 renew sent ..... expires_at = t0 + L ...... any worker may reap it (mark it
+    |                                              DEAD, finally) once now - S > it
+    |<-- its connections may handle until t0 + L - S - margin (fence deadline) -->|
+
+A reaped session can never be renewed again (the renew requires ``ALIVE``), and its
+connections are taken over only after DEAD is seen, so no connection is ever
+handled under a session that another worker has reaped.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from wsfleet import schema
+from wsfleet.item import from_attributes, to_attribute
+from wsfleet.lease_rules import ConditionalUpdate
+from wsfleet.timing import LeaseTiming
+
+
+@dataclass(frozen=True, slots=True)
+class SessionItem:
+    """One session as listed from its item collection."""
+
+    worker_id: str
+    session_gen: int
+    state: str
+    expires_at_ms: int
+    started_at_ms: int = 0
+    reaped_at_ms: int | None = None
+    reaped_by: str | None = None
+    notices: frozenset[str] = field(default_factory=frozenset)
+    connections: int = 0
+    capacity: int = 0
+
+    @classmethod
+    def from_dynamodb(cls, raw: Mapping[str, Any]) -> SessionItem:
+        plain = from_attributes(raw)
+        worker_id, _, gen = str(plain[schema.SORT_KEY]).rpartition("#")
+        reaped_at = plain.get(schema.SESSION_REAPED_AT_MS)
+        return cls(
+            worker_id=worker_id,
+            session_gen=int(gen),
+            state=str(plain.get(schema.SESSION_STATE, schema.DEAD)),
+            expires_at_ms=int(plain.get(schema.SESSION_EXPIRES_AT_MS, 0)),
+            started_at_ms=int(plain.get(schema.SESSION_STARTED_AT_MS, 0)),
+            reaped_at_ms=None if reaped_at is None else int(reaped_at),
+            reaped_by=plain.get(schema.SESSION_REAPED_BY),
+            notices=frozenset(plain.get(schema.SESSION_NOTICES, ())),
+            connections=int(plain.get(schema.SESSION_CONNECTIONS, 0)),
+            capacity=int(plain.get(schema.SESSION_CAPACITY, 0)),
+        )
+
+    @property
+    def alive(self) -> bool:
+        return self.state == schema.ALIVE
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.worker_id, self.session_gen)
+
+
+_NAMES = {
+    "#state": schema.SESSION_STATE,
+    "#expires": schema.SESSION_EXPIRES_AT_MS,
+    "#reapedat": schema.SESSION_REAPED_AT_MS,
+    "#reapedby": schema.SESSION_REAPED_BY,
+    "#notices": schema.SESSION_NOTICES,
+    "#conns": schema.SESSION_CONNECTIONS,
+    "#cap": schema.SESSION_CAPACITY,
+    "#pk": schema.PARTITION_KEY,
+}
+
+
+def _names(*placeholders: str) -> dict[str, str]:
+    return {p: _NAMES[p] for p in placeholders}
+
+
+def _values(**values: Any) -> dict[str, Any]:
+    return {f":{k}": to_attribute(v) for k, v in values.items()}
+
+
+# --- opening and renewing ----------------------------------------------------------------
+
+
+def new_session_item(
+    worker_id: str, session_gen: int, now_ms: int, timing: LeaseTiming, capacity: int
+) -> dict[str, Any]:
+    """The item a worker puts to open a session (conditional on its absence)."""
+    return {
+        **{k: to_attribute(v) for k, v in schema.session_key(worker_id, session_gen).items()},
+        "worker_id": to_attribute(worker_id),
+        "session_gen": to_attribute(session_gen),
+        schema.SESSION_STATE: to_attribute(schema.ALIVE),
+        schema.SESSION_EXPIRES_AT_MS: to_attribute(now_ms + timing.lease_ms),
+        schema.SESSION_STARTED_AT_MS: to_attribute(now_ms),
+        schema.SESSION_CONNECTIONS: to_attribute(0),
+        schema.SESSION_CAPACITY: to_attribute(capacity),
+    }
+
+
+def renew_update(
+    now_ms: int,
+    timing: LeaseTiming,
+    *,
+    connections: int,
+    acted_on: Iterable[str] = (),
+    capacity: int | None = None,
+) -> ConditionalUpdate:
+    """Extend the session to ``now + lease``.
+
+    ``#state = ALIVE``: a reaped session can never pass again. ``#expires <= :expires``
+    keeps an older renew that arrives late from moving the expiry backwards (a retry
+    of the same renew writes the same value and passes). The notices the owner has
+    acted on are removed in the same write, so acting on a stop costs no write of its
+    own. ``connections`` and ``capacity`` publish the worker's load (capacity 0: it is
+    draining), which the others read when they list the sessions.
+    """
+    acted = sorted(set(acted_on))
+    update = "SET #expires = :expires, #conns = :conns"
+    names = _names("#state", "#expires", "#conns")
+    values = _values(alive=schema.ALIVE, expires=now_ms + timing.lease_ms, conns=connections)
+    if capacity is not None:
+        update += ", #cap = :cap"
+        names |= _names("#cap")
+        values |= _values(cap=capacity)
+    if acted:
+        update += " DELETE #notices :acted"
+        names |= _names("#notices")
+        values[":acted"] = {"SS": acted}
+    return ConditionalUpdate(
+        update_expression=update,
+        condition_expression="#state = :alive AND #expires <= :expires",
+        names=names,
+        values=values,
+    )
+
+
+class RenewRefusal(enum.Enum):
+    """Why a session renew's condition failed."""
+
+    REAPED = "reaped"
+    """DEAD (or gone): every connection of the session is lost; open a new one."""
+    SUPERSEDED = "superseded"
+    """A later renew of this session already landed; this late one changes nothing."""
+
+    @property
+    def keeps_session(self) -> bool:
+        return self is RenewRefusal.SUPERSEDED
+
+
+def renew_failure(old: SessionItem | None) -> RenewRefusal:
+    if old is None or not old.alive:
+        return RenewRefusal.REAPED
+    return RenewRefusal.SUPERSEDED
+
+
+# --- reaping -----------------------------------------------------------------------------
+
+
+def reap_cutoff_ms(now_ms: int, timing: LeaseTiming) -> int:
+    """Sessions whose expiry is before this instant have lapsed: ``now - skew``."""
+    return now_ms - timing.skew_ms
+
+
+def is_lapsed(session: SessionItem, now_ms: int, timing: LeaseTiming) -> bool:
+    """ALIVE but not renewed in time: a reap at ``now_ms`` would pass its condition."""
+    return session.alive and session.expires_at_ms < reap_cutoff_ms(now_ms, timing)
+
+
+def reap_update(reaper: str, now_ms: int, timing: LeaseTiming) -> ConditionalUpdate:
+    """Mark a lapsed session DEAD, once and for good."""
+    return ConditionalUpdate(
+        update_expression="SET #state = :dead, #reapedat = :now, #reapedby = :me",
+        condition_expression="#state = :alive AND #expires < :cutoff",
+        names=_names("#state", "#reapedat", "#reapedby", "#expires"),
+        values=_values(
+            dead=schema.DEAD,
+            alive=schema.ALIVE,
+            now=now_ms,
+            me=reaper,
+            cutoff=reap_cutoff_ms(now_ms, timing),
+        ),
+    )
+
+
+def retire_update(worker_id: str, now_ms: int) -> ConditionalUpdate:
+    """A worker ends its own session after its last release (graceful shutdown)."""
+    return ConditionalUpdate(
+        update_expression="SET #state = :dead, #reapedat = :now, #reapedby = :me",
+        condition_expression="#state = :alive",
+        names=_names("#state", "#reapedat", "#reapedby"),
+        values=_values(dead=schema.DEAD, alive=schema.ALIVE, now=now_ms, me=worker_id),
+    )
+
+
+def notice_update(token: str) -> ConditionalUpdate:
+    """The router tells a session's owner that one of its connections was stopped or
+    started again; only while the session item exists (a forgotten session has no
+    owner left to tell)."""
+    return ConditionalUpdate(
+        update_expression="ADD #notices :token",
+        condition_expression="attribute_exists(#pk)",
+        names=_names("#notices", "#pk"),
+        values={":token": {"SS": [token]}},
+    )
+
+
+def notice_token(connection_id: str, what: str, now_ms: int, nonce: str) -> str:
+    """``<connection_id> <what> <now_ms> <nonce>``: distinct per router write (the random
+    ``nonce`` separates two writes of the same millisecond), so removing a notice the
+    owner acted on never removes a newer one for the same connection."""
+    return f"{connection_id} {what} {now_ms} {nonce}"
+
+
+def notice_connection_id(token: str) -> str:
+    return token.split(" ", 1)[0]
+
+
+# --- sweeping a dead session -------------------------------------------------------------
+
+
+def may_sweep(session: SessionItem, me: str, now_ms: int, grace_ms: int) -> bool:
+    """Whether this worker takes a DEAD session's connections now. The reaper goes at
+    once (it takes all it has room for); others wait ``grace_ms`` after the reap and
+    take what is left (the excess), so they do not race the reaper's writes."""
+    if session.alive or session.reaped_at_ms is None:
+        return False
+    return session.reaped_by == me or now_ms >= session.reaped_at_ms + grace_ms
+
+
+def takeover_share(
+    remaining: Sequence[str], *, reaper: bool, reaper_room: int | None, free: int
+) -> list[str]:
+    """Which of a dead session's remaining STARTED connections (``remaining``, sorted)
+    this worker takes now, so that takers do not race each other's writes.
+
+    The reaper takes from the front, as many as it has room for (``free``). Another
+    worker takes from the back, and only the excess beyond what the reaper has room
+    for (``reaper_room``, from the reaper's session as listed); ``None`` means there is
+    no reaper to leave them to (its session is gone, or the fallback time after the
+    reap has passed): anything, from the back.
+    """
+    if free <= 0:
+        return []
+    if reaper:
+        return list(remaining[:free])
+    excess = remaining if reaper_room is None else remaining[max(0, reaper_room) :]
+    return list(reversed(excess))[:free]
+
+
+def reaper_room(sessions: Iterable[SessionItem], reaper: str | None) -> int | None:
+    """Free capacity of the reaper's live session as last renewed (None when it has
+    none listed: nobody to leave the connections to)."""
+    for session in sessions:
+        if session.alive and session.worker_id == reaper:
+            return max(0, session.capacity - session.connections)
+    return None
+
+
+def may_forget(last_entries_seen_ms: int, now_ms: int, timing: LeaseTiming) -> bool:
+    """A DEAD session and its page are deleted once no connection has been seen under
+    it for a full lease (the owner index is eventually consistent)."""
+    return now_ms - last_entries_seen_ms >= timing.lease_ms
+
+
+def forget_condition() -> dict[str, Any]:
+    """Only a DEAD session is ever deleted."""
+    return {
+        "ConditionExpression": "#state = :dead",
+        "ExpressionAttributeNames": _names("#state"),
+        "ExpressionAttributeValues": _values(dead=schema.DEAD),
+    }
+
+
+def takeover_latency_ms(session: SessionItem, now_ms: int) -> int:
+    """From the moment the dead session's lease lapsed to this takeover."""
+    return max(0, now_ms - session.expires_at_ms)
