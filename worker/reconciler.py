@@ -4,7 +4,8 @@
    Reap each lapsed one (mark it DEAD, once, finally), and sweep each DEAD one: take
    over its STARTED connections (the reaper at once, from the front of the sorted ids,
    up to its capacity; others a heartbeat later, from the back, only the excess beyond
-   the reaper's room, and anything once a lease has passed since the reap), clear the
+   the reaper's room, and anything once four leases have passed since the reap or the
+   reaper's session is gone), clear the
    owner of its STOPPED ones, and forget the session and its page once nothing has
    been seen under it for a full lease.
 2. **Own connections.** Compare this session's ``by-owner`` entries with what the
@@ -183,7 +184,7 @@ class Reconciler:
                 await self._call(self._store.clear_dead_owner, item, now_ms)
         started = {item.connection_id: item for item in entries if item.started and not item.parked}
         reaper = session.reaped_by == me
-        fallback = (session.reaped_at_ms or 0) + timing.lease_ms
+        fallback = session_rules.reaper_fallback_ms(session, timing)
         room = (
             None if now_ms >= fallback else session_rules.reaper_room(sessions, session.reaped_by)
         )

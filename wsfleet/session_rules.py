@@ -259,6 +259,18 @@ def takeover_share(
     return list(reversed(excess))[:free]
 
 
+REAPER_FALLBACK_LEASES = 4
+"""How long after a reap the others wait for a reaper that is alive but has not taken
+its share (stuck, or slow with hundreds of takeovers), in leases, before anyone takes
+anything. A reaper that died meanwhile is seen at once (its session is no longer
+ALIVE)."""
+
+
+def reaper_fallback_ms(session: SessionItem, timing: LeaseTiming) -> int:
+    """The instant after which anyone takes any of a dead session's connections."""
+    return (session.reaped_at_ms or 0) + REAPER_FALLBACK_LEASES * timing.lease_ms
+
+
 def reaper_room(sessions: Iterable[SessionItem], reaper: str | None) -> int | None:
     """Free capacity of the reaper's live session as last renewed (None when it has
     none listed: nobody to leave the connections to)."""

@@ -17,55 +17,27 @@ from typing import Any
 
 import pytest
 
+from tests.support.stores import STORE_TIMING, T0, URL, won
 from tests.support.timing import scaled
 from wsfleet import schema
-from wsfleet.desired_state import DesiredStateStore, StartOutcome, StopOutcome
-from wsfleet.item import ConnectionItem, from_attributes
-from wsfleet.item_io import get_connection, item_key
+from wsfleet.desired_state import StartOutcome, StopOutcome
+from wsfleet.item import ConnectionItem
+from wsfleet.item_io import get_connection
 from wsfleet.lease_rules import AcquireRefusal, Lease, TakeoverStep
 from wsfleet.lease_store import LeaseStore, Released
-from wsfleet.timing import LeaseTiming
 
 pytestmark = pytest.mark.timeout(scaled(120))
 
-TIMING = LeaseTiming.from_lease(20)
-T0 = 1_800_000_000_000
-URL = "wss://feed.example/a"
+TIMING = STORE_TIMING
 GEN = 1
 """The session generation every owner in these tests holds its leases under."""
 NOT_RELEASED = Released(released=False, restarted=False, checkpointed=False)
 
 
 @pytest.fixture
-def store(ddb, table) -> LeaseStore:
-    return LeaseStore(ddb, table, TIMING)
-
-
-@pytest.fixture
-def control(ddb, table) -> DesiredStateStore:
-    return DesiredStateStore(ddb, table)
-
-
-@pytest.fixture
 def read(ddb, table) -> Callable[[str], ConnectionItem | None]:
     """The item as stored (a consistent read), not through the store under test."""
     return lambda connection_id: get_connection(ddb, table, connection_id)
-
-
-@pytest.fixture
-def raw(ddb, table) -> Callable[[str], dict[str, Any]]:
-    """Every attribute of the item as stored, index keys included."""
-
-    def read_raw(connection_id: str) -> dict[str, Any]:
-        got = ddb.get_item(TableName=table, Key=item_key(connection_id), ConsistentRead=True)
-        return from_attributes(got["Item"])
-
-    return read_raw
-
-
-def won(result: object) -> Lease:
-    assert isinstance(result, Lease), result
-    return result
 
 
 def item_of(read: Callable[[str], ConnectionItem | None], connection_id: str) -> ConnectionItem:

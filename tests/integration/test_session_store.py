@@ -14,23 +14,21 @@ from typing import Any
 
 import pytest
 
+from tests.support.stores import STORE_TIMING, T0, URL, won
 from tests.support.timing import scaled
 from wsfleet import schema, session_rules
 from wsfleet.checkpoint_page import CheckpointPage, PageEntry
 from wsfleet.desired_state import DesiredStateStore, StartOutcome, StopOutcome
-from wsfleet.item import ConnectionItem, from_attributes
+from wsfleet.item import ConnectionItem
 from wsfleet.item_io import get_connection, item_key
 from wsfleet.lease_rules import AcquireRefusal, Lease, TakeoverStep
 from wsfleet.lease_store import LeaseStore
 from wsfleet.session_rules import RenewRefusal, SessionItem
 from wsfleet.session_store import SessionRenewed, SessionStore
-from wsfleet.timing import LeaseTiming
 
 pytestmark = pytest.mark.timeout(scaled(240))
 
-TIMING = LeaseTiming.from_lease(20)  # lease 20 000 ms, skew 250 ms
-T0 = 1_800_000_000_000
-URL = "wss://feed.example/a"
+TIMING = STORE_TIMING
 LAPSED = T0 + TIMING.lease_ms + TIMING.skew_ms + 1
 """The first instant at which a session opened (or last renewed) at T0 may be reaped."""
 
@@ -41,16 +39,6 @@ def sessions(ddb, table) -> SessionStore:
 
 
 @pytest.fixture
-def store(ddb, table) -> LeaseStore:
-    return LeaseStore(ddb, table, TIMING)
-
-
-@pytest.fixture
-def control(ddb, table) -> DesiredStateStore:
-    return DesiredStateStore(ddb, table)
-
-
-@pytest.fixture
 def read(ddb, table) -> Callable[[str], ConnectionItem]:
     def read_item(connection_id: str) -> ConnectionItem:
         item = get_connection(ddb, table, connection_id)
@@ -58,20 +46,6 @@ def read(ddb, table) -> Callable[[str], ConnectionItem]:
         return item
 
     return read_item
-
-
-@pytest.fixture
-def raw(ddb, table) -> Callable[[str], dict[str, Any]]:
-    def read_raw(connection_id: str) -> dict[str, Any]:
-        got = ddb.get_item(TableName=table, Key=item_key(connection_id), ConsistentRead=True)
-        return from_attributes(got["Item"])
-
-    return read_raw
-
-
-def won(result: object) -> Lease:
-    assert isinstance(result, Lease), result
-    return result
 
 
 def session_of(sessions: SessionStore, worker_id: str, gen: int = 1) -> SessionItem:

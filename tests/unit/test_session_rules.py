@@ -26,6 +26,7 @@ from wsfleet.session_rules import (
     notice_update,
     reap_cutoff_ms,
     reap_update,
+    reaper_fallback_ms,
     reaper_room,
     renew_failure,
     renew_update,
@@ -595,3 +596,14 @@ def _live(worker: str, connections: int, capacity: int, state: str = schema.ALIV
 )
 def test_the_room_of_the_reaper_comes_from_its_live_session(sessions, reaper, room):
     assert reaper_room(sessions, reaper) == room
+
+
+@pytest.mark.parametrize(
+    ("reaped_at", "fallback"),
+    [(NOW, NOW + 4 * TIMING.lease_ms), (None, 4 * TIMING.lease_ms)],
+)
+def test_anyone_takes_anything_four_leases_after_the_reap(reaped_at, fallback):
+    dead = SessionItem(
+        worker_id="w", session_gen=1, state=schema.DEAD, expires_at_ms=0, reaped_at_ms=reaped_at
+    )
+    assert reaper_fallback_ms(dead, TIMING) == fallback
