@@ -11,7 +11,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from worker import health
 from worker.acquire_result import AcquireResult
@@ -87,7 +87,7 @@ class Worker:
         self.worker_id = config.worker_id
         self.capacity = Capacity(config.max_connections)
         self._runners: dict[str, ConnectionRunner] = {}
-        self._acquiring: dict[str, asyncio.Task[AcquireResult]] = {}
+        self._acquiring: dict[str, asyncio.Task[Any]] = {}
         self._owning: set[asyncio.Task[None]] = set()
         self._released: dict[str, float] = {}
         self._closing = False
@@ -244,6 +244,13 @@ class Worker:
         except BaseException:
             await self.capacity.release()
             raise
+        return await self._run_taken(connection_id, result)
+
+    async def _run_taken(
+        self, connection_id: str, result: Lease | AcquireRefusal | TakeoverStep
+    ) -> AcquireResult:
+        """Start the runner of a connection just taken (its slot is reserved), or give
+        the slot back."""
         if not isinstance(result, Lease):
             await self.capacity.release()
             return _REFUSALS[result]
@@ -270,6 +277,67 @@ class Worker:
         self._owning.add(task)
         task.add_done_callback(self._owning.discard)
         return AcquireResult.WON
+
+    async def take_over_many(
+        self, seen: list[ConnectionItem], session: SessionItem, page: CheckpointPage | None
+    ) -> list[str]:
+        """Take over many STARTED connections of one DEAD session at once (batched
+        transactions, :meth:`LeaseStore.take_over_many`), as many as there are free
+        slots; returns the ids taken."""
+        if self._closing or not self._session_ready():
+            return []
+        chosen: list[ConnectionItem] = []
+        for item in seen:
+            if self.holds(item.connection_id):
+                continue
+            if not self.capacity.try_reserve():
+                break
+            chosen.append(item)
+        if not chosen:
+            return []
+        gen = self._session_gen
+
+        def attempt() -> dict[str, Lease | TakeoverStep]:
+            now_ms = self._wall_ms()
+            return self._store.take_over_many(
+                chosen,
+                self.worker_id,
+                gen,
+                page,
+                now_ms,
+                latency_ms=session_rules.takeover_latency_ms(session, now_ms),
+            )
+
+        batch = asyncio.create_task(self._attempt_many(chosen, attempt), name="take-over")
+        for item in chosen:
+            self._acquiring[item.connection_id] = batch
+        try:
+            return await asyncio.shield(batch)
+        finally:
+            for item in chosen:
+                if self._acquiring.get(item.connection_id) is batch:
+                    del self._acquiring[item.connection_id]
+
+    async def _attempt_many(
+        self,
+        chosen: list[ConnectionItem],
+        attempt: Callable[[], dict[str, Lease | TakeoverStep]],
+    ) -> list[str]:
+        loop = asyncio.get_running_loop()
+        try:
+            results = await loop.run_in_executor(None, attempt)
+        except BaseException:
+            # Unknown outcome: whatever landed is owned by this session and run by
+            # nobody; the next reconcile releases it as a stray.
+            for _ in chosen:
+                await self.capacity.release()
+            raise
+        taken = []
+        for item in chosen:
+            result = results.get(item.connection_id, TakeoverStep.GONE)
+            if await self._run_taken(item.connection_id, result) is AcquireResult.WON:
+                taken.append(item.connection_id)
+        return taken
 
     async def _own(self, runner: ConnectionRunner) -> None:
         connection_id = runner.connection_id

@@ -64,6 +64,10 @@ class Owner(Protocol):
         self, seen: ConnectionItem, session: SessionItem, page: CheckpointPage | None
     ) -> AcquireResult: ...
 
+    async def take_over_many(
+        self, seen: list[ConnectionItem], session: SessionItem, page: CheckpointPage | None
+    ) -> list[str]: ...
+
     async def release_stray(self, seen: ConnectionItem) -> None: ...
 
     async def recheck_changed(self, seen: list[ConnectionItem]) -> None: ...
@@ -195,9 +199,14 @@ class Reconciler:
             return []
         page = await self._call(self._sessions.read_page, session.worker_id, session.session_gen)
         conflicts_before = self._store.takeover_conflicts
-        taken = await self._take_each(
-            share, started, lambda cid, items: self._owner.take_over(items[cid], session, page)
-        )
+        try:
+            taken = await self._owner.take_over_many([started[cid] for cid in share], session, page)
+        except Exception as error:
+            log.warning(
+                "taking over a dead session's connections failed",
+                extra={"session_worker": session.worker_id, "error": repr(error)},
+            )
+            taken = []
         log.info(
             "dead session swept",
             extra={

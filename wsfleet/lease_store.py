@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
+
+from botocore.exceptions import ClientError
 
 from wsfleet import lease_rules, schema
 from wsfleet.checkpoint_page import CheckpointPage, resume_seq
 from wsfleet.item import ConnectionItem
-from wsfleet.item_io import ConditionFailedError, get_connection, update_connection
+from wsfleet.item_io import ConditionFailedError, get_connection, item_key, update_connection
 from wsfleet.lease_rules import (
     AcquireRefusal,
     ConditionalUpdate,
@@ -25,6 +27,10 @@ from wsfleet.timing import LeaseTiming
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
+
+TAKEOVER_BATCH = 50
+"""Takeover writes per transaction (DynamoDB allows 100): a refused transaction is
+taken apart, so a smaller one costs less when one of its items changed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +153,74 @@ class LeaseStore:
             )
         return TakeoverStep.GONE
 
+    def take_over_many(
+        self,
+        seen: Sequence[ConnectionItem],
+        owner: str,
+        session_gen: int,
+        page: CheckpointPage | None,
+        now_ms: int,
+        *,
+        latency_ms: int | None = None,
+    ) -> dict[str, Lease | TakeoverStep]:
+        """:meth:`take_over` for many connections of one DEAD session, in transactions
+        of up to :data:`TAKEOVER_BATCH` writes (each write exactly the one
+        :meth:`take_over` would send, with its condition), then one strongly consistent
+        batch read for what the leases need. A transaction that is refused as a whole
+        (one condition failed: an item changed since it was read) is taken apart: each
+        of its connections goes through :meth:`take_over`, which decides on its own
+        item. A few requests take over hundreds of connections, so a takeover is not
+        bound by one round trip per connection."""
+        results: dict[str, Lease | TakeoverStep] = {}
+        for start in range(0, len(seen), TAKEOVER_BATCH):
+            chunk = list(seen[start : start + TAKEOVER_BATCH])
+            token = secrets.token_hex(8)
+            resumes = {
+                item.connection_id: resume_seq(
+                    item.lease_epoch,
+                    item.seq_gen,
+                    item.last_seq,
+                    None if page is None else page.entries.get(item.connection_id),
+                )
+                for item in chunk
+            }
+            actions = [
+                {
+                    "Update": {
+                        "TableName": self._table,
+                        "Key": item_key(item.connection_id),
+                        **lease_rules.takeover_update(
+                            item, owner, session_gen, resumes[item.connection_id], now_ms, token
+                        ).as_kwargs(),
+                    }
+                }
+                for item in chunk
+            ]
+            try:
+                self._client.transact_write_items(
+                    TransactItems=actions,  # type: ignore[arg-type]
+                    ClientRequestToken=token,
+                )
+            except ClientError as error:
+                if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+                    raise
+                for item in chunk:
+                    results[item.connection_id] = self.take_over(
+                        item, owner, session_gen, page, now_ms, latency_ms=latency_ms
+                    )
+                continue
+            for item in self._get_many([item.connection_id for item in chunk]):
+                if item.lease_owner == owner and item.owner_session_gen == session_gen:
+                    results[item.connection_id] = lease_rules.lease_won(
+                        item,
+                        owner,
+                        session_gen,
+                        epoch=item.lease_epoch,
+                        last_seq=resumes[item.connection_id],
+                        takeover_latency_ms=latency_ms,
+                    )
+        return results
+
     def clear_dead_owner(self, seen: ConnectionItem, now_ms: int) -> bool:
         """Remove a DEAD session from a STOPPED connection; False when it changed."""
         try:
@@ -251,6 +325,21 @@ class LeaseStore:
         return found
 
     # --- plumbing ----------------------------------------------------------------------
+
+    def _get_many(self, connection_ids: list[str]) -> list[ConnectionItem]:
+        """The items, read strongly consistently in one batch (retrying what DynamoDB
+        leaves unprocessed)."""
+        keys = [item_key(cid) for cid in connection_ids]
+        found: list[ConnectionItem] = []
+        while keys:
+            response = self._client.batch_get_item(
+                RequestItems={self._table: {"Keys": keys, "ConsistentRead": True}}
+            )
+            responses: dict[str, Any] = dict(response.get("Responses", {}))
+            found += [ConnectionItem.from_dynamodb(raw) for raw in responses.get(self._table, [])]
+            unprocessed: dict[str, Any] = dict(response.get("UnprocessedKeys", {}))
+            keys = list(unprocessed.get(self._table, {}).get("Keys", []))
+        return found
 
     def _try(self, lease: Lease, update: ConditionalUpdate) -> bool:
         try:

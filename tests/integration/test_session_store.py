@@ -477,3 +477,77 @@ def test_forget_deletes_only_a_dead_session_and_its_page(sessions):
     stale = SessionItem("alive", 1, schema.DEAD, T0)
     assert not sessions.forget(stale)
     assert {s.key for s in sessions.list_sessions()} == {("alive", 1)}
+
+
+# --- batched takeovers -------------------------------------------------------------------
+
+
+def test_a_batched_takeover_takes_every_connection_once_from_the_page(
+    sessions, store, control, read
+):
+    """200 connections in transactions of 50: each taken with the next epoch, resuming
+    from the dead session's page where its entry belongs to the hold."""
+    ids = [f"b{n:03d}" for n in range(200)]
+    session_owning(sessions, store, control, ids)
+    entries = {
+        cid: PageEntry(epoch=1, seq_gen=0, seq=n, advanced_at_ms=T0) for n, cid in enumerate(ids)
+    }
+    assert sessions.write_page("w1", 1, entries, T0 + 1)
+    assert sessions.reap(session_of(sessions, "w1"), "w2", LAPSED)
+    seen = eventually(lambda: store.owned_by("w1", 1), lambda found: len(found) == 200)
+    page = sessions.read_page("w1", 1)
+    results = store.take_over_many(seen, "w2", 7, page, LAPSED + 1, latency_ms=5)
+    assert set(results) == set(ids)
+    for n, cid in enumerate(ids):
+        lease = results[cid]
+        assert isinstance(lease, Lease), (cid, lease)
+        assert (lease.owner, lease.session_gen, lease.epoch) == ("w2", 7, 2)
+        assert lease.last_seq == n
+        assert lease.ws_url == URL
+        assert lease.takeover_latency_ms == 5
+        item = read(cid)
+        assert (item.lease_owner, item.owner_session_gen, item.lease_epoch) == ("w2", 7, 2)
+        assert item.last_seq == n
+    assert store.takeover_conflicts == 0
+
+
+def test_a_batch_refused_for_one_changed_item_is_taken_apart(sessions, store, control, read):
+    """One connection of the batch was stopped after the listing: the transaction is
+    refused as a whole, and each connection is then decided on its own item: the
+    others are taken, the stopped one cleared."""
+    ids = [f"p{n}" for n in range(5)]
+    session_owning(sessions, store, control, ids)
+    assert sessions.reap(session_of(sessions, "w1"), "w2", LAPSED)
+    seen = eventually(lambda: store.owned_by("w1", 1), lambda found: len(found) == 5)
+    assert control.stop("p2", LAPSED) is StopOutcome.STOPPED
+    results = store.take_over_many(seen, "w2", 1, None, LAPSED + 1)
+    assert results["p2"] is TakeoverStep.CLEAR
+    assert read("p2").lease_owner is None
+    for cid in ("p0", "p1", "p3", "p4"):
+        assert isinstance(results[cid], Lease), cid
+        assert read(cid).lease_owner == "w2"
+
+
+def test_two_batched_takers_racing_take_each_connection_once(sessions, store, control, read):
+    ids = [f"x{n:02d}" for n in range(60)]
+    session_owning(sessions, store, control, ids)
+    assert sessions.reap(session_of(sessions, "w1"), "w2", LAPSED)
+    seen = eventually(lambda: store.owned_by("w1", 1), lambda found: len(found) == 60)
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(
+            lambda taker: store.take_over_many(
+                sorted(seen, key=lambda item: item.connection_id, reverse=taker == "w3"),
+                taker,
+                1,
+                None,
+                LAPSED + 1,
+            ),
+            ["w2", "w3"],
+        )
+    winners = Counter()
+    for results in (first, second):
+        for cid, result in results.items():
+            if isinstance(result, Lease):
+                winners[cid] += 1
+    assert winners == Counter(dict.fromkeys(ids, 1))
+    assert {read(cid).lease_epoch for cid in ids} == {2}
