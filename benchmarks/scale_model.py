@@ -140,7 +140,7 @@ def hot_keys(scale: Scale, sizes: cm.Sizes | None = None) -> list[HotKey]:
     return [
         HotKey("SESSIONS#n", "table", renews, renews + reaps, listing),
         HotKey("PAGE#<worker>#<gen>", "table", sizes.page_units / timing.checkpoint, 0.0, 0.0),
-        HotKey("CONN#<id>", "table", 0.0, 1 / scale.takeover_seconds, 0.0),
+        HotKey("CONN#<id>", "table", 0.0, 2 / scale.takeover_seconds, 0.0),
         HotKey(
             "<worker>#<gen>#<n>",
             schema.OWNER_INDEX_NAME,

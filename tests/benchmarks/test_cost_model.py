@@ -94,8 +94,9 @@ def test_release_does_the_reverse() -> None:
 
 
 def test_a_takeover_moves_the_by_owner_key_a_delete_and_a_put() -> None:
-    # The listing index (keys only, desired_state unchanged) is not written at all.
-    assert cm.takeover_cost() == cm.WriteCost(1, {schema.OWNER_INDEX_NAME: 2})
+    # The listing index (keys only, desired_state unchanged) is not written at all; the
+    # table write is transactional: twice the units.
+    assert cm.takeover_cost() == cm.WriteCost(2, {schema.OWNER_INDEX_NAME: 2})
 
 
 def test_a_change_of_a_projected_attribute_alone_updates_the_entry() -> None:
@@ -170,7 +171,7 @@ def test_report_per_connection_hour_and_month() -> None:
     assert reads["total"] == pytest.approx((2 + 14) / 0.6 * 3600 / 500, abs=0.01)
     # 730 h x (30.72 x $0.625 + 192 x $0.125) / 1e6
     assert result["per_connection_month_usd_on_demand"] == pytest.approx(0.0315, abs=0.0001)
-    assert result["write_units"] == {"acquire": 3, "release": 3, "takeover_per_connection": 3}
+    assert result["write_units"] == {"acquire": 3, "release": 3, "takeover_per_connection": 4}
 
 
 def test_churn_costs_an_acquire_and_a_release_per_move() -> None:

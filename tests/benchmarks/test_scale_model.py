@@ -87,8 +87,9 @@ def test_a_bigger_worker_holds_more_per_table() -> None:
 
 
 def test_taking_over_a_dead_worker() -> None:
-    # 500 x (1 table + 2 by-owner) + the reap (1) + forgetting session (1) and page (13).
-    assert takeover_write_units(SCALE) == 3 * 500 + 1 + 1 + 13
+    # 500 x (2 transactional table + 2 by-owner) + the reap (1) + forgetting the
+    # session (1) and its page (13).
+    assert takeover_write_units(SCALE) == 4 * 500 + 1 + 1 + 13
 
 
 def test_per_connection_cost_grows_with_the_fleet_through_the_session_listing() -> None:
