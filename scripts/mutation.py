@@ -40,6 +40,7 @@ TARGETS = {
     "wsfleet/checkpoint_page.py": 1.0,
     "worker/connection_state.py": 1.0,
     "wsfleet/lease_store.py": 0.9,
+    "wsfleet/session_store.py": 0.9,
     "wsfleet/timing.py": 0.9,
     "worker/connection.py": 0.9,
 }
