@@ -31,7 +31,7 @@ from wsfleet.backoff import backoff_delays
 from wsfleet.checkpoint_page import CheckpointPage
 from wsfleet.item import ConnectionItem
 from wsfleet.lease_rules import AcquireRefusal, Lease, TakeoverStep
-from wsfleet.lease_store import LeaseStore
+from wsfleet.lease_store import TAKEOVER_BATCH, LeaseStore
 from wsfleet.session_rules import SessionItem
 from wsfleet.session_store import SessionStore
 from wsfleet.start_messages import REASSIGN, StartMessage
@@ -297,10 +297,10 @@ class Worker:
             return []
         gen = self._session_gen
 
-        def attempt() -> dict[str, Lease | TakeoverStep]:
+        def attempt(chunk: list[ConnectionItem]) -> dict[str, Lease | TakeoverStep]:
             now_ms = self._wall_ms()
             return self._store.take_over_many(
-                chosen,
+                chunk,
                 self.worker_id,
                 gen,
                 page,
@@ -321,23 +321,37 @@ class Worker:
     async def _attempt_many(
         self,
         chosen: list[ConnectionItem],
-        attempt: Callable[[], dict[str, Lease | TakeoverStep]],
+        attempt: Callable[[list[ConnectionItem]], dict[str, Lease | TakeoverStep]],
     ) -> list[str]:
+        """The transactions of one takeover run side by side, one executor thread
+        each; each connection's runner starts as soon as its transaction answered."""
         loop = asyncio.get_running_loop()
-        try:
-            results = await loop.run_in_executor(None, attempt)
-        except BaseException:
-            # Unknown outcome: whatever landed is owned by this session and run by
-            # nobody; the next reconcile releases it as a stray.
-            for _ in chosen:
-                await self.capacity.release()
-            raise
-        taken = []
-        for item in chosen:
-            result = results.get(item.connection_id, TakeoverStep.GONE)
-            if await self._run_taken(item.connection_id, result) is AcquireResult.WON:
-                taken.append(item.connection_id)
-        return taken
+        chunks = [
+            chosen[start : start + TAKEOVER_BATCH]
+            for start in range(0, len(chosen), TAKEOVER_BATCH)
+        ]
+
+        async def one(chunk: list[ConnectionItem]) -> list[str]:
+            try:
+                results = await loop.run_in_executor(None, attempt, chunk)
+            except BaseException:
+                # Unknown outcome: whatever landed is owned by this session and run by
+                # nobody; the next reconcile releases it as a stray.
+                for _ in chunk:
+                    await self.capacity.release()
+                raise
+            taken = []
+            for item in chunk:
+                result = results.get(item.connection_id, TakeoverStep.GONE)
+                if await self._run_taken(item.connection_id, result) is AcquireResult.WON:
+                    taken.append(item.connection_id)
+            return taken
+
+        outcomes = await asyncio.gather(*(one(chunk) for chunk in chunks), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                log.warning("a takeover transaction failed", extra={"error": repr(outcome)})
+        return [cid for outcome in outcomes if isinstance(outcome, list) for cid in outcome]
 
     async def _own(self, runner: ConnectionRunner) -> None:
         connection_id = runner.connection_id
