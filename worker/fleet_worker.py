@@ -323,8 +323,9 @@ class Worker:
         chosen: list[ConnectionItem],
         attempt: Callable[[list[ConnectionItem]], dict[str, Lease | TakeoverStep]],
     ) -> list[str]:
-        """The transactions of one takeover run side by side, one executor thread
-        each; each connection's runner starts as soon as its transaction answered."""
+        """The transactions of one takeover run one after the other (side by side they
+        contend for the same partitions and time out), and each connection's runner
+        starts as soon as its transaction answered."""
         loop = asyncio.get_running_loop()
         chunks = [
             chosen[start : start + TAKEOVER_BATCH]
@@ -347,11 +348,13 @@ class Worker:
                     taken.append(item.connection_id)
             return taken
 
-        outcomes = await asyncio.gather(*(one(chunk) for chunk in chunks), return_exceptions=True)
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                log.warning("a takeover transaction failed", extra={"error": repr(outcome)})
-        return [cid for outcome in outcomes if isinstance(outcome, list) for cid in outcome]
+        taken: list[str] = []
+        for chunk in chunks:
+            try:
+                taken += await one(chunk)
+            except Exception as error:
+                log.warning("a takeover transaction failed", extra={"error": repr(error)})
+        return taken
 
     async def _own(self, runner: ConnectionRunner) -> None:
         connection_id = runner.connection_id
