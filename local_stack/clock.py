@@ -14,7 +14,7 @@ POLL_S = 0.05
 
 
 def now_ms() -> int:
-    """Epoch milliseconds, the unit of the table's times (``lease_expires_at_ms``...)."""
+    """Epoch milliseconds, the unit of the table's times (``expires_at_ms``...)."""
     return time.time_ns() // 1_000_000
 
 
