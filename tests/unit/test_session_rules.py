@@ -150,6 +150,29 @@ def test_the_notices_acted_on_are_removed_in_the_renew(acted):
     }
 
 
+@pytest.mark.parametrize("capacity", [0, 500])
+def test_a_renew_publishes_the_capacity_when_given(capacity):
+    """Capacity 0 is a draining worker: it must be written, not left out."""
+    update = renew_update(NOW, TIMING, connections=3, acted_on=["c1 stop 4"], capacity=capacity)
+    assert update.update_expression == (
+        "SET #expires = :expires, #conns = :conns, #cap = :cap DELETE #notices :acted"
+    )
+    assert update.names == {
+        "#state": "state",
+        "#expires": "expires_at_ms",
+        "#conns": "connections",
+        "#cap": "capacity",
+        "#notices": "notices",
+    }
+    assert update.values == {
+        ":alive": S("ALIVE"),
+        ":expires": N(NOW + 2500),
+        ":conns": N(3),
+        ":cap": N(capacity),
+        ":acted": {"SS": ["c1 stop 4"]},
+    }
+
+
 def test_no_notice_acted_on_deletes_nothing():
     """DynamoDB refuses an empty set, so no notices means no DELETE at all."""
     assert renew_update(NOW, TIMING, connections=1, acted_on=[]) == renew_update(
