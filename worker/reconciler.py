@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
@@ -260,26 +260,21 @@ class Reconciler:
             return []
         self._metrics.count(m.ORPHANS_FOUND, len(free_ids))
         self._rng.shuffle(free_ids)
-        return await self._take_each(free_ids, None, lambda cid, _: self._owner.acquire(cid))
+        return await self._acquire_each(free_ids)
 
     # --- plumbing ------------------------------------------------------------------------
 
-    async def _take_each(
-        self,
-        ids: Iterable[str],
-        context: dict[str, ConnectionItem] | None,
-        take: Callable[[str, dict[str, ConnectionItem]], Awaitable[AcquireResult]],
-    ) -> list[str]:
+    async def _acquire_each(self, ids: Iterable[str]) -> list[str]:
+        """Acquire ``ids``, :data:`PARALLEL_TAKES` at a time, while there is room."""
         gate = asyncio.Semaphore(PARALLEL_TAKES)
         taken: list[str] = []
-        items = context or {}
 
         async def one(connection_id: str) -> None:
             async with gate:
                 if self._capacity.free <= 0:
                     return
                 try:
-                    result = await take(connection_id, items)
+                    result = await self._owner.acquire(connection_id)
                 except Exception as error:
                     log.warning(
                         "taking a connection failed",

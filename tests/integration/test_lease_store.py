@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
-from tests.support.stores import STORE_TIMING, T0, URL, won
+from tests.support.stores import STORE_TIMING, T0, URL, eventually, won
 from tests.support.timing import scaled
 from wsfleet import schema
 from wsfleet.desired_state import StartOutcome, StopOutcome
@@ -44,17 +43,6 @@ def item_of(read: Callable[[str], ConnectionItem | None], connection_id: str) ->
     item = read(connection_id)
     assert item is not None, connection_id
     return item
-
-
-def eventually(probe: Callable[[], Any], wanted: Callable[[Any], bool], within: float = 10.0):
-    """Poll an eventually consistent read (an index) until ``wanted`` holds; the last
-    answer otherwise, for the assertion that follows to show."""
-    deadline = time.monotonic() + scaled(within)
-    while True:
-        got = probe()
-        if wanted(got) or time.monotonic() >= deadline:
-            return got
-        time.sleep(0.02)
 
 
 def unowned(store: LeaseStore) -> set[str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.stores import STORE_TIMING, T0, URL, won
+from tests.support.stores import STORE_TIMING, T0, URL, eventually, won
 from tests.support.timing import scaled
 from wsfleet import schema, session_rules
 from wsfleet.checkpoint_page import CheckpointPage, PageEntry
@@ -52,17 +51,6 @@ def session_of(sessions: SessionStore, worker_id: str, gen: int = 1) -> SessionI
     found = sessions.get_session(worker_id, gen)
     assert found is not None, (worker_id, gen)
     return found
-
-
-def eventually(probe: Callable[[], Any], wanted: Callable[[Any], bool], within: float = 10.0):
-    """Poll an eventually consistent read (an index) until ``wanted`` holds; the last
-    answer otherwise, for the assertion that follows to show."""
-    deadline = time.monotonic() + scaled(within)
-    while True:
-        got = probe()
-        if wanted(got) or time.monotonic() >= deadline:
-            return got
-        time.sleep(0.02)
 
 
 def owned_ids(store: LeaseStore, worker_id: str, gen: int = 1) -> set[str]:

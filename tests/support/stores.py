@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tests.support.timing import scaled
 from wsfleet.lease_rules import Lease
 from wsfleet.timing import LeaseTiming
 
@@ -15,3 +20,16 @@ URL = "wss://feed.example/a"
 def won(result: object) -> Lease:
     assert isinstance(result, Lease), result
     return result
+
+
+def eventually(
+    probe: Callable[[], Any], wanted: Callable[[Any], bool], within: float = 10.0
+) -> Any:
+    """Poll an eventually consistent read (an index) until ``wanted`` holds; the last
+    answer otherwise, for the assertion that follows to show."""
+    deadline = time.monotonic() + scaled(within)
+    while True:
+        got = probe()
+        if wanted(got) or time.monotonic() >= deadline:
+            return got
+        time.sleep(0.02)
