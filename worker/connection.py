@@ -31,11 +31,12 @@ from websockets.asyncio.client import ClientConnection, connect
 from worker.connection_state import Call, ConnectionState, Ending, Failure, Frame
 from worker.delivery import Delivery, Handler
 from worker.metrics import FleetMetrics
-from worker.upstream_failures import FailingClock, Verdict
+from worker.upstream_failures import FailingClock, Verdict, describe
+from worker.upstream_health import UpstreamHealth
 from worker.upstream_protocol import Message, Reply, Unreadable, UpstreamProtocol
 from wsfleet import metric_names as m
 from wsfleet.backoff import backoff_delays
-from wsfleet.checkpoint_page import PageEntry
+from wsfleet.checkpoint_page import BACKING_OFF, CONNECTING, STREAMING, PageEntry
 from wsfleet.lease_rules import Lease
 from wsfleet.lease_store import LeaseStore, Released
 from wsfleet.timing import LeaseTiming
@@ -98,6 +99,7 @@ class ConnectionRunner:
         )
         self._advanced_at: float | None = None
         """Loop time of the last checkpoint advance (for the page's "advanced at")."""
+        self.health = UpstreamHealth(asyncio.get_running_loop().time(), lease.last_seq)
         self._resumed = asyncio.Event()
         """Set by a session renew that moves the deadline, or by the ending."""
         self._ended: asyncio.Future[Ending] = asyncio.get_running_loop().create_future()
@@ -111,6 +113,8 @@ class ConnectionRunner:
         )
         self.parked_reason: str | None = None
         """Set with the ``PARKED`` ending: what the park write records."""
+        self._left_because: str | None = None
+        """Why the reader left the current upstream connection itself, if it did."""
 
     @property
     def connection_id(self) -> str:
@@ -139,13 +143,19 @@ class ConnectionRunner:
 
     def page_entry(self, now: float, now_ms: int) -> PageEntry:
         """This connection's line of the session's checkpoint page: only what handler
-        calls that returned have passed."""
+        calls that returned have passed, and how the upstream is doing (its rate over
+        the time since the previous line)."""
         advanced = self._advanced_at
+        health = self.health
         return PageEntry(
             epoch=self.lease.epoch,
             seq_gen=self.lease.seq_gen,
             seq=self.state.checkpoint,
             advanced_at_ms=None if advanced is None else now_ms - round((now - advanced) * 1000),
+            rate=health.rate_since_last(now, self.state.checkpoint),
+            status=health.status,
+            reconnects=health.reconnects,
+            last_error=health.last_error,
         )
 
     async def wait_closed(self) -> None:
@@ -338,10 +348,13 @@ class ConnectionRunner:
     async def _read_loop(self) -> None:
         s = self._s
         delays = backoff_delays(initial=0.25, maximum=30.0, rng=s.rng.random)
+        health = self.health
         while not self._stop_requested():
             url = s.protocol.resume_url(self.lease.ws_url, self.checkpoint)
             delivered_before = self.checkpoint
             failure: Exception | None = None
+            self._left_because = None
+            health.status = CONNECTING
             try:
                 async with connect(
                     url,
@@ -351,6 +364,7 @@ class ConnectionRunner:
                     close_timeout=1.0,
                     max_size=s.max_message_bytes,
                 ) as ws:
+                    health.status = STREAMING
                     log.info(
                         "upstream connected",
                         extra={
@@ -369,8 +383,12 @@ class ConnectionRunner:
                 )
             if self._stop_requested():
                 return
+            delivered = self.checkpoint > delivered_before
+            health.attempt_ended(
+                self._left_because or describe(failure, delivered=delivered), BACKING_OFF
+            )
             park_in: float | None = None
-            if self.checkpoint > delivered_before:
+            if delivered:
                 delays = backoff_delays(initial=0.25, maximum=30.0, rng=s.rng.random)
             else:
                 failed = self.failing.attempt_failed(failure, s.wall_ms())
@@ -437,6 +455,7 @@ class ConnectionRunner:
         if verdict is Frame.DUPLICATE:
             return True
         if verdict is Frame.GAP:
+            self._left_because = "gap in upstream seqs"
             log.warning(
                 "gap in upstream seqs; reconnecting to resume",
                 extra={

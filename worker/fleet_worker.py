@@ -10,7 +10,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from worker import health
@@ -28,7 +28,7 @@ from worker.upstream_protocol import UpstreamProtocol
 from wsfleet import lease_rules, session_rules
 from wsfleet import metric_names as m
 from wsfleet.backoff import backoff_delays
-from wsfleet.checkpoint_page import CheckpointPage
+from wsfleet.checkpoint_page import CheckpointPage, PageEntry
 from wsfleet.item import ConnectionItem
 from wsfleet.lease_rules import AcquireRefusal, Lease, TakeoverStep
 from wsfleet.lease_store import TAKEOVER_BATCH, LeaseStore
@@ -98,7 +98,8 @@ class Worker:
         self._last_renew_sent: float | None = None
         self._opening: asyncio.Task[None] | None = None
         self._notices_in_progress: set[str] = set()
-        self._page_written: dict[str, tuple[int, int, int]] = {}
+        self._page_written: dict[str, PageEntry] = {}
+        """The last page written, without its times (what decides whether a new one is due)."""
         self.metrics = FleetMetrics(
             namespace=config.metrics_namespace,
             service=config.service_name,
@@ -560,7 +561,9 @@ class Worker:
             for cid, runner in self._runners.items()
             if runner.lease.session_gen == gen
         }
-        checkpoints = {cid: (e.epoch, e.seq_gen, e.seq) for cid, e in entries.items()}
+        # The times of the last advance move only with the seqs: leave them out, or a
+        # rounding millisecond would count as news.
+        checkpoints = {cid: replace(e, advanced_at_ms=None) for cid, e in entries.items()}
         if gen == 0 or checkpoints == self._page_written:
             return False
         await loop.run_in_executor(

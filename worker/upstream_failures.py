@@ -18,10 +18,12 @@ table.
 from __future__ import annotations
 
 import enum
+import errno
+import socket
 import ssl
 from dataclasses import dataclass
 
-from websockets.exceptions import InvalidStatus, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 RETRYABLE_4XX = frozenset((408, 429))
 """Request Timeout and Too Many Requests: the upstream may answer otherwise later."""
@@ -41,13 +43,34 @@ def permanent_refusal(error: BaseException | None) -> str | None:
     return None
 
 
-def describe(error: BaseException | None) -> str:
-    """A short name for what ended an attempt: never the URL, never a message text
-    (which may quote the URL)."""
+def describe(error: BaseException | None, *, delivered: bool = False) -> str:
+    """A short, readable name for what ended an upstream connection (``delivered``:
+    messages were handled on it): never the URL, never an exception's own text (which
+    may quote the URL or a host)."""
     if error is None:
-        return "closed before a message"
+        return "closed by upstream" if delivered else "closed before a message"
     if isinstance(error, InvalidStatus):
         return f"HTTP {error.response.status_code}"
+    if isinstance(error, ConnectionClosed):
+        if error.rcvd is None:
+            return "connection lost"
+        return f"closed by upstream ({error.rcvd.code})"
+    if isinstance(error, InvalidHandshake):
+        return "invalid handshake"
+    if isinstance(error, InvalidURI):
+        return "invalid URI"
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return "TLS certificate not trusted"
+    if isinstance(error, ssl.SSLError):
+        return "TLS error"
+    if isinstance(error, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(error, socket.gaierror):
+        return "host not found"
+    if isinstance(error, TimeoutError):
+        return "timed out"
+    if isinstance(error, OSError) and error.errno is not None and error.errno in errno.errorcode:
+        return f"network error {errno.errorcode[error.errno]}"
     return type(error).__name__
 
 

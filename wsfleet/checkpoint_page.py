@@ -4,6 +4,14 @@ item written every ``CHECKPOINT_SECONDS`` (docs/DESIGN.md §3.5).
 The entries are packed (JSON, then zlib) into one binary attribute: a write costs one
 unit per started KB of item, and 500 entries packed this way fit in about 15 KB,
 where a map of the same entries would take twice that.
+
+Each entry also says how its connection is doing (docs/DESIGN.md §3.5, "Health"):
+its messages per second over the interval before the write, and, only for a
+connection that is not streaming or has reconnected during the hold, its status, its
+reconnects and its last upstream error. These live in a second packed attribute
+(``health``): the rates as one list in the entries' order, the rest by connection id
+for the few that have any, so a healthy fleet pays a few bytes per connection and
+nothing more, and a reader that knows only ``entries`` still reads the page.
 """
 
 from __future__ import annotations
@@ -12,10 +20,18 @@ import json
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from wsfleet import schema
 from wsfleet.item import to_attribute
+
+STREAMING: Final = "streaming"
+"""Connected upstream (a quiet stream is streaming too)."""
+CONNECTING: Final = "connecting"
+"""Opening the upstream connection, or waiting for the host's connect pacing."""
+BACKING_OFF: Final = "backing_off"
+"""Waiting after a failed or lost upstream connection before the next attempt."""
+WORKER_STATUSES: Final = (STREAMING, CONNECTING, BACKING_OFF)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +43,18 @@ class PageEntry:
     seq: int
     advanced_at_ms: int | None
     """Wall-clock ms of the last time ``seq`` moved (None before the first message)."""
+    rate: float | None = None
+    """Messages handled per second over the interval before the write (None: unknown)."""
+    status: str = STREAMING
+    reconnects: int = 0
+    """Upstream connections lost or refused since this hold began."""
+    last_error: str | None = None
+    """What ended the last upstream connection, short, never a URL."""
+
+    @property
+    def troubled(self) -> bool:
+        """Whether the entry has anything to say beyond its rate."""
+        return self.status != STREAMING or self.reconnects > 0 or self.last_error is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,28 +78,85 @@ def encode_entries(entries: Mapping[str, PageEntry], written_at_ms: int) -> byte
     return zlib.compress(json.dumps(rows, separators=(",", ":")).encode(), 6)
 
 
-def decode_entries(blob: bytes, written_at_ms: int) -> dict[str, PageEntry]:
+def encode_health(entries: Mapping[str, PageEntry]) -> bytes | None:
+    """``{"r": [rate of each entry, in order], "t": {id: [status, reconnects, last
+    error]} for the troubled ones}``; None when there is nothing to say."""
+    rates = [e.rate for e in entries.values()]
+    trouble = {
+        cid: [e.status, e.reconnects, e.last_error] for cid, e in entries.items() if e.troubled
+    }
+    if not trouble and all(r is None for r in rates):
+        return None
+    health: dict[str, Any] = {"r": rates}
+    if trouble:
+        health["t"] = trouble
+    return zlib.compress(json.dumps(health, separators=(",", ":")).encode(), 6)
+
+
+def decode_entries(
+    blob: bytes, written_at_ms: int, health_blob: bytes | None = None
+) -> dict[str, PageEntry]:
     rows = json.loads(zlib.decompress(blob))
-    return {
-        str(cid): PageEntry(
+    rates, trouble = _decode_health(health_blob)
+    entries: dict[str, PageEntry] = {}
+    for i, (cid, epoch, seq_gen, seq, ago) in enumerate(rows):
+        status, reconnects, last_error = trouble.get(cid, (STREAMING, 0, None))
+        entries[str(cid)] = PageEntry(
             epoch=int(epoch),
             seq_gen=int(seq_gen),
             seq=int(seq),
             advanced_at_ms=None if ago < 0 else written_at_ms - int(ago),
+            rate=rates[i] if i < len(rates) else None,
+            status=status,
+            reconnects=reconnects,
+            last_error=last_error,
         )
-        for cid, epoch, seq_gen, seq, ago in rows
-    }
+    return entries
+
+
+_Trouble = tuple[str, int, str | None]
+
+
+def _decode_health(blob: bytes | None) -> tuple[list[float | None], dict[str, _Trouble]]:
+    """The rates and troubles of a health blob. Health is for people to read: one that
+    cannot be read is ignored, never in the way of the checkpoints a takeover needs."""
+    if not blob:
+        return [], {}
+    try:
+        health = json.loads(zlib.decompress(blob))
+        rates = [None if r is None else float(r) for r in health.get("r") or []]
+        trouble = {
+            str(cid): (str(status), int(reconnects), None if error is None else str(error))
+            for cid, (status, reconnects, error) in (health.get("t") or {}).items()
+        }
+    except (ValueError, TypeError, AttributeError, zlib.error):
+        return [], {}
+    return rates, trouble
+
+
+def round_rate(rate: float) -> float:
+    """Two significant digits (12.34 -> 12, 0.456 -> 0.46): what a view needs, and
+    rates that round alike compare equal, so a steady stream's page does not change
+    for noise alone."""
+    if rate <= 0:
+        return 0
+    rounded = float(f"{rate:.2g}")
+    return int(rounded) if rounded.is_integer() else rounded
 
 
 def page_item(
     worker_id: str, session_gen: int, entries: Mapping[str, PageEntry], written_at_ms: int
 ) -> dict[str, Any]:
     """The page as a DynamoDB item (typed attributes)."""
-    return {
+    item = {
         **{k: to_attribute(v) for k, v in schema.page_key(worker_id, session_gen).items()},
         schema.PAGE_WRITTEN_AT_MS: to_attribute(written_at_ms),
         schema.PAGE_ENTRIES: {"B": encode_entries(entries, written_at_ms)},
     }
+    health = encode_health(entries)
+    if health is not None:
+        item[schema.PAGE_HEALTH] = {"B": health}
+    return item
 
 
 def page_put_condition(written_at_ms: int) -> dict[str, Any]:
@@ -87,7 +172,10 @@ def page_put_condition(written_at_ms: int) -> dict[str, Any]:
 def page_from_dynamodb(raw: Mapping[str, Any]) -> CheckpointPage:
     written = int(raw[schema.PAGE_WRITTEN_AT_MS]["N"])
     blob = raw[schema.PAGE_ENTRIES]["B"]
-    return CheckpointPage(written, decode_entries(bytes(blob), written))
+    health = raw.get(schema.PAGE_HEALTH, {}).get("B")
+    return CheckpointPage(
+        written, decode_entries(bytes(blob), written, None if health is None else bytes(health))
+    )
 
 
 def resume_seq(

@@ -75,6 +75,10 @@ PAGE_ENTRIES: Final = "entries"
 """Binary: zlib-compressed JSON rows ``[connection_id, epoch, seq_gen, seq, ms before the
 write when seq last moved, or -1]``."""
 PAGE_WRITTEN_AT_MS: Final = "written_at_ms"
+PAGE_HEALTH: Final = "health"
+"""Binary, optional: zlib-compressed JSON ``{"r": [messages/s of each row of entries, in
+order], "t": {connection_id: [status, reconnects, last upstream error]}}``, ``t`` only
+for connections not streaming or reconnected during the hold."""
 
 DESIRED_STATE: Final = "desired_state"
 WS_URL: Final = "ws_url"

@@ -185,6 +185,33 @@ class ConnectionView(BaseModel):
         description="since when the upstream has failed with no message handled; null"
         " when it is not failing",
     )
+    status: Literal["streaming", "connecting", "backing_off", "failed", "pending", "stopped"] = (
+        Field(
+            description="streaming: connected upstream (quiet or not); connecting: opening"
+            " the upstream connection or waiting for the host's connect pacing;"
+            " backing_off: waiting after a failed or lost upstream connection; failed:"
+            " parked (see parked_reason); pending: started but run by no live worker yet"
+            " (unowned, or its owner's session ended); stopped. The first three are the"
+            " owner's word, from its checkpoint page: as fresh as CHECKPOINT_SECONDS"
+        )
+    )
+    seconds_since_last_message: float | None = Field(
+        description="seconds since the owner last handled a message of it, per its"
+        " checkpoint page; null when nothing was handled yet under this owner"
+    )
+    reconnects: int | None = Field(
+        description="upstream connections lost or refused since the current owner took"
+        " it; null when no live worker runs it"
+    )
+    last_error: str | None = Field(
+        description="what ended the last upstream connection under this owner (short,"
+        " never a URL), or the parked reason when failed; null when none"
+    )
+    messages_per_second: float | None = Field(
+        description="messages handled per second over the owner's last checkpoint"
+        " interval, two significant digits; null when no live worker runs it or its"
+        " owner has not written a checkpoint page for it yet"
+    )
 
 
 class StartedConnection(ConnectionView):

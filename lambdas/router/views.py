@@ -17,10 +17,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from wsfleet import schema
-from wsfleet.checkpoint_page import CheckpointPage, PageEntry, resume_seq
+from wsfleet.checkpoint_page import (
+    CONNECTING,
+    WORKER_STATUSES,
+    CheckpointPage,
+    PageEntry,
+    resume_seq,
+)
 from wsfleet.item import ConnectionItem
 from wsfleet.session_rules import SessionItem
 
@@ -97,6 +103,54 @@ def checkpoint_fields(
     }
 
 
+STOPPED: Final = "stopped"
+FAILED: Final = "failed"
+PENDING: Final = "pending"
+STATUSES: Final = (*WORKER_STATUSES, FAILED, PENDING, STOPPED)
+"""Every ``status`` a view shows: the owner's own word for a connection it runs
+(``streaming``, ``connecting``, ``backing_off``), or what the records say otherwise."""
+
+
+def health_fields(
+    item: ConnectionItem, session: SessionItem | None, page: CheckpointPage | None, now_ms: int
+) -> dict[str, Any]:
+    """``status``, ``seconds_since_last_message``, ``reconnects``, ``last_error`` and
+    ``messages_per_second``. What a live owner says comes from its checkpoint page, so
+    it is as fresh as one ``CHECKPOINT_SECONDS``; a connection that no live session
+    runs is ``pending`` (unowned, or its owner's session ended: a worker takes it
+    within the failover bound), a parked one ``failed`` with its reason."""
+    fields: dict[str, Any] = {
+        "status": None,
+        "seconds_since_last_message": None,
+        "reconnects": None,
+        "last_error": None,
+        "messages_per_second": None,
+    }
+    if item.desired_state != schema.STARTED:
+        return fields | {"status": STOPPED}
+    if item.parked_reason is not None:
+        return fields | {"status": FAILED, "last_error": item.parked_reason}
+    live = (
+        session is not None
+        and session.key == owning_session(item)
+        and session.alive
+        and session.expires_at_ms > now_ms
+    )
+    if not live:
+        return fields | {"status": PENDING}
+    entry = page_entry(item, page)
+    if entry is None:
+        return fields | {"status": CONNECTING, "reconnects": 0}
+    since = None if entry.advanced_at_ms is None else _seconds(now_ms - entry.advanced_at_ms)
+    return {
+        "status": entry.status,
+        "seconds_since_last_message": since,
+        "reconnects": entry.reconnects,
+        "last_error": entry.last_error,
+        "messages_per_second": entry.rate,
+    }
+
+
 def connection_view(
     item: ConnectionItem, now_ms: int, owner: OwnerRecords = NO_RECORDS
 ) -> dict[str, Any]:
@@ -122,6 +176,7 @@ def connection_view(
         "parked_reason": item.parked_reason,
         "parked_at": _iso(item.parked_at_ms),
         "failing_since": _iso(item.failing_since_ms),
+        **health_fields(item, session, page, now_ms),
     }
 
 

@@ -18,6 +18,7 @@ from wsfleet.checkpoint_page import (
     page_item,
     page_put_condition,
     resume_seq,
+    round_rate,
 )
 
 WRITTEN = 1_000_000
@@ -144,3 +145,95 @@ def test_a_page_never_replaces_a_newer_one(stored, replaced):
 )
 def test_where_a_takeover_resumes(entry, resume):
     assert resume_seq(5, 2, 100, entry) == resume
+
+
+# --- health: rates for every entry, the rest only for the troubled ones ----------------
+
+HEALTHY = {
+    "c1": PageEntry(3, 0, 41, WRITTEN - 250, rate=9.8),
+    "c2": PageEntry(1, 2, 0, None, rate=0),
+}
+TROUBLED = {
+    **HEALTHY,
+    "c3": PageEntry(
+        9, 1, 7, WRITTEN, rate=0, status="backing_off", reconnects=4, last_error="HTTP 503"
+    ),
+    "c4": PageEntry(
+        2, 0, 5, None, rate=None, status="streaming", reconnects=1, last_error="connection lost"
+    ),
+}
+
+
+def health_of(item: dict) -> object:
+    return json.loads(zlib.decompress(item["health"]["B"]))
+
+
+def test_a_healthy_page_says_only_the_rates_in_the_entries_order():
+    item = page_item("w-1", 4, HEALTHY, WRITTEN)
+    assert health_of(item) == {"r": [9.8, 0]}
+
+
+def test_only_the_troubled_entries_are_named_in_the_health():
+    item = page_item("w-1", 4, TROUBLED, WRITTEN)
+    assert health_of(item) == {
+        "r": [9.8, 0, 0, None],
+        "t": {"c3": ["backing_off", 4, "HTTP 503"], "c4": ["streaming", 1, "connection lost"]},
+    }
+
+
+def test_a_page_with_nothing_to_say_of_health_has_no_health_attribute():
+    assert "health" not in page_item("w-1", 4, ENTRIES, WRITTEN)
+
+
+@pytest.mark.parametrize(
+    "entries", [HEALTHY, TROUBLED, ENTRIES], ids=["healthy", "troubled", "bare"]
+)
+def test_health_round_trips_through_the_item(entries):
+    assert page_from_dynamodb(page_item("w-1", 4, entries, WRITTEN)).entries == entries
+
+
+@pytest.mark.parametrize(
+    "health",
+    [
+        b"not zlib",
+        zlib.compress(b"[1,2]"),
+        zlib.compress(b'{"t": {"c1": 5}}'),
+        zlib.compress(b'{"r": "x"}'),
+    ],
+    ids=["not zlib", "not an object", "bad trouble", "bad rates"],
+)
+def test_a_health_attribute_that_cannot_be_read_leaves_the_checkpoints_readable(health):
+    item = page_item("w-1", 4, HEALTHY, WRITTEN) | {"health": {"B": health}}
+    entries = page_from_dynamodb(item).entries
+    assert {cid: (e.epoch, e.seq_gen, e.seq) for cid, e in entries.items()} == {
+        "c1": (3, 0, 41),
+        "c2": (1, 2, 0),
+    }
+    assert all(e.rate is None and not e.troubled for e in entries.values())
+
+
+def test_a_page_from_a_writer_that_knew_no_health_reads_as_streaming():
+    """The rows alone (an older worker's page during a rolling deploy)."""
+    item = page_item("w-1", 4, ENTRIES, WRITTEN)
+    assert all(
+        (e.status, e.reconnects, e.last_error, e.rate) == ("streaming", 0, None, None)
+        for e in page_from_dynamodb(item).entries.values()
+    )
+
+
+@pytest.mark.parametrize(
+    ("rate", "rounded"),
+    [
+        (0, 0),
+        (-1, 0),
+        (12.34, 12),
+        (9.96, 10),
+        (0.456, 0.46),
+        (1234.5, 1200),
+        (1.0, 1),
+        (0.001234, 0.0012),
+    ],
+)
+def test_rates_keep_two_significant_digits(rate, rounded):
+    assert round_rate(rate) == rounded
+    assert type(round_rate(rate)) is type(rounded)

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import errno
+import socket
 import ssl
 
 import pytest
 from websockets.datastructures import Headers
-from websockets.exceptions import ConnectionClosedError, InvalidStatus, InvalidURI
+from websockets.exceptions import (
+    ConnectionClosedError,
+    InvalidHandshake,
+    InvalidStatus,
+    InvalidURI,
+)
+from websockets.frames import Close
 from websockets.http11 import Response
 
 from worker.upstream_failures import (
@@ -61,13 +69,28 @@ def test_permanent_refusals(error, reason):
     [
         (None, "closed before a message"),
         (status(503), "HTTP 503"),
-        (ConnectionRefusedError(111, "Connection refused"), "ConnectionRefusedError"),
-        (InvalidURI("ws://h/x?token=s3cret", "bad"), "InvalidURI"),
+        (ConnectionRefusedError(111, "Connection refused"), "connection refused"),
+        (InvalidURI("ws://h/x?token=s3cret", "bad"), "invalid URI"),
+        (ConnectionClosedError(None, None), "connection lost"),
+        (ConnectionClosedError(Close(1011, "s3cret"), None), "closed by upstream (1011)"),
+        (InvalidHandshake("s3cret"), "invalid handshake"),
+        (socket.gaierror(-2, "Name or service not known s3cret"), "host not found"),
+        (TimeoutError("s3cret"), "timed out"),
+        (ConnectionResetError(errno.ECONNRESET, "s3cret"), "network error ECONNRESET"),
+        (ssl.SSLCertVerificationError(1, "s3cret"), "TLS certificate not trusted"),
+        (ssl.SSLError(1, "s3cret"), "TLS error"),
+        (OSError("s3cret"), "OSError"),
+        (ValueError("s3cret"), "ValueError"),
     ],
 )
 def test_descriptions_name_the_failure_and_never_the_url(error, text):
     assert describe(error) == text
     assert "s3cret" not in describe(error)
+
+
+def test_an_upstream_that_closed_after_messages_is_told_apart():
+    assert describe(None, delivered=True) == "closed by upstream"
+    assert describe(None, delivered=False) == "closed before a message"
 
 
 def test_a_permanent_refusal_parks_at_once_and_writes_no_mark():
@@ -96,7 +119,7 @@ def test_a_streak_without_a_handled_message_parks_once_its_time_runs_out():
         assert (offset, failed.verdict, failed.record) == (offset, verdict, record)
         if verdict is Verdict.RETRY:
             assert failed.park_in == (FAIL_AFTER_MS - offset) / 1000
-    assert failed.reason == "no message handled for 600 s: ConnectionRefusedError"
+    assert failed.reason == "no message handled for 600 s: connection refused"
 
 
 def test_a_handled_message_ends_the_streak_with_one_write():

@@ -64,6 +64,11 @@ VIEW_KEYS = {
     "parked_reason",
     "parked_at",
     "failing_since",
+    "status",
+    "seconds_since_last_message",
+    "reconnects",
+    "last_error",
+    "messages_per_second",
 }
 
 

@@ -5,11 +5,12 @@ stream. Pure: fixed records and a fixed clock."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
-from lambdas.router.views import NO_RECORDS, OwnerRecords, connection_view
+from lambdas.router.models import ConnectionView
+from lambdas.router.views import NO_RECORDS, STATUSES, OwnerRecords, connection_view
 from wsfleet.checkpoint_page import CheckpointPage, PageEntry
 from wsfleet.item import ConnectionItem
 from wsfleet.session_rules import SessionItem
@@ -156,3 +157,113 @@ def test_the_item_fields_are_kept() -> None:
         "2025-12-31T23:59:57.000+00:00",
     )
     assert "lease_seconds_left" not in view
+
+
+# --- health: the owner's word while it runs the connection, the records' otherwise -----
+
+
+def health(view: dict[str, Any]) -> tuple[Any, ...]:
+    return (
+        view["status"],
+        view["seconds_since_last_message"],
+        view["reconnects"],
+        view["last_error"],
+        view["messages_per_second"],
+    )
+
+
+def page_with(entry: PageEntry) -> CheckpointPage:
+    return CheckpointPage(written_at_ms=NOW - 1_000, entries={"feed-1": entry})
+
+
+STREAMING = PageEntry(5, 2, 160, NOW - 1_300, rate=9.8)
+BACKING_OFF = PageEntry(
+    5, 2, 100, None, rate=0, status="backing_off", reconnects=3, last_error="HTTP 503"
+)
+RECOVERED = PageEntry(
+    5, 2, 130, NOW - 4_000, rate=0, status="streaming", reconnects=1, last_error="connection lost"
+)
+DEAD = replace(SESSION, state="DEAD")
+LAPSED = replace(SESSION, expires_at_ms=NOW - 1)
+FREE = replace(ITEM, lease_owner=None, owner_session_gen=None)
+
+
+@pytest.mark.parametrize(
+    ("item", "owner", "expected"),
+    [
+        pytest.param(
+            ITEM,
+            OwnerRecords(SESSION, page_with(STREAMING)),
+            ("streaming", 1.3, 0, None, 9.8),
+            id="streaming",
+        ),
+        pytest.param(
+            ITEM,
+            OwnerRecords(SESSION, page_with(BACKING_OFF)),
+            ("backing_off", None, 3, "HTTP 503", 0),
+            id="backing off, nothing handled yet",
+        ),
+        pytest.param(
+            ITEM,
+            OwnerRecords(SESSION, page_with(RECOVERED)),
+            ("streaming", 4.0, 1, "connection lost", 0),
+            id="streaming again after a reconnect, quiet",
+        ),
+        pytest.param(
+            ITEM,
+            OwnerRecords(SESSION, None),
+            ("connecting", None, 0, None, None),
+            id="owned, no page line yet",
+        ),
+        pytest.param(
+            ITEM,
+            OwnerRecords(SESSION, page_with(replace(STREAMING, epoch=4))),
+            ("connecting", None, 0, None, None),
+            id="only an older hold's line",
+        ),
+        pytest.param(
+            ITEM,
+            OwnerRecords(DEAD, page_with(STREAMING)),
+            ("pending", None, None, None, None),
+            id="owner's session reaped",
+        ),
+        pytest.param(
+            ITEM,
+            OwnerRecords(LAPSED, page_with(STREAMING)),
+            ("pending", None, None, None, None),
+            id="owner's session lapsed",
+        ),
+        pytest.param(
+            ITEM,
+            OwnerRecords(None, page_with(STREAMING)),
+            ("pending", None, None, None, None),
+            id="owner's session gone",
+        ),
+        pytest.param(FREE, NO_RECORDS, ("pending", None, None, None, None), id="unowned"),
+        pytest.param(
+            replace(FREE, parked_reason="HTTP 404 from upstream"),
+            NO_RECORDS,
+            ("failed", None, None, "HTTP 404 from upstream", None),
+            id="parked",
+        ),
+        pytest.param(
+            replace(FREE, desired_state="STOPPED"),
+            NO_RECORDS,
+            ("stopped", None, None, None, None),
+            id="stopped",
+        ),
+        pytest.param(
+            replace(ITEM, desired_state="STOPPED"),
+            OwnerRecords(SESSION, page_with(STREAMING)),
+            ("stopped", None, None, None, None),
+            id="stopped, its owner not yet told",
+        ),
+    ],
+)
+def test_health(item: ConnectionItem, owner: OwnerRecords, expected: tuple[Any, ...]) -> None:
+    assert health(shown(item, owner)) == expected
+
+
+def test_every_status_a_view_shows_is_in_the_api_schema() -> None:
+    annotation = ConnectionView.model_fields["status"].annotation
+    assert set(get_args(annotation)) == set(STATUSES)
