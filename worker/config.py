@@ -6,10 +6,11 @@ import os
 import secrets
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from wsfleet.balance_rules import BalanceSettings
 from wsfleet.timing import DEFAULT_LEASE_SECONDS, InvalidTimingError, LeaseTiming
 
 TABLE_NAME: Final = "TABLE_NAME"
@@ -34,6 +35,9 @@ PING_INTERVAL_SECONDS: Final = "PING_INTERVAL_SECONDS"
 MAX_MESSAGE_BYTES: Final = "MAX_MESSAGE_BYTES"
 UPSTREAM_FAIL_AFTER_SECONDS: Final = "UPSTREAM_FAIL_AFTER_SECONDS"
 LOG_LEVEL: Final = "LOG_LEVEL"
+BALANCE_ROUND_SECONDS: Final = "BALANCE_ROUND_SECONDS"
+BALANCE_TOLERANCE: Final = "BALANCE_TOLERANCE"
+BALANCE_MOVE_FRACTION: Final = "BALANCE_MOVE_FRACTION"
 
 DEFAULT_HEALTH_FILE: Final = "/tmp/websocket-fleet-worker.alive"
 
@@ -64,6 +68,9 @@ class WorkerConfig:
     """Seconds of failed upstream attempts with no message handled before a connection
     is parked (docs/DESIGN.md §4.4)."""
     log_level: str = "INFO"
+    balance: BalanceSettings | None = field(default_factory=BalanceSettings)
+    """How the fleet is kept balanced (docs/DESIGN.md §4.3); None: never rebalanced
+    (``BALANCE_ROUND_SECONDS=0``)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerConfig:
@@ -97,6 +104,7 @@ class WorkerConfig:
             max_message_bytes=_int(env, MAX_MESSAGE_BYTES, 1 << 20),
             upstream_fail_after=_positive_float(env, UPSTREAM_FAIL_AFTER_SECONDS, 600.0),
             log_level=(env.get(LOG_LEVEL) or "INFO").upper(),
+            balance=balance_from_env(env),
         )
 
 
@@ -112,6 +120,26 @@ def timing_from_env(env: Mapping[str, str]) -> LeaseTiming:
         )
     except InvalidTimingError as error:
         raise ConfigError(f"invalid lease timing: {error}") from error
+
+
+def balance_from_env(env: Mapping[str, str]) -> BalanceSettings | None:
+    defaults = BalanceSettings()
+    round_seconds = _opt_float(env, BALANCE_ROUND_SECONDS)
+    if round_seconds == 0:
+        return None
+    if round_seconds is not None and not round_seconds > 0:
+        raise ConfigError(f"{BALANCE_ROUND_SECONDS} must be > 0 (0: off), got {round_seconds}")
+    tolerance = _opt_float(env, BALANCE_TOLERANCE)
+    if tolerance is not None and not 0 <= tolerance <= 10:
+        raise ConfigError(f"{BALANCE_TOLERANCE} must be from 0 to 10, got {tolerance}")
+    fraction = _opt_float(env, BALANCE_MOVE_FRACTION)
+    if fraction is not None and not 0 < fraction <= 1:
+        raise ConfigError(f"{BALANCE_MOVE_FRACTION} must be > 0 and <= 1, got {fraction}")
+    return BalanceSettings(
+        tolerance=defaults.tolerance if tolerance is None else tolerance,
+        move_fraction=defaults.move_fraction if fraction is None else fraction,
+        round_seconds=defaults.round_seconds if round_seconds is None else round_seconds,
+    )
 
 
 def default_worker_id() -> str:

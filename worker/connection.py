@@ -125,6 +125,11 @@ class ConnectionRunner:
         return self.state.checkpoint
 
     @property
+    def ending(self) -> bool:
+        """Whether an ending has been decided (the connection is on its way out)."""
+        return self.state.ending is not None
+
+    @property
     def fence_deadline(self) -> float:
         return self.state.deadline
 

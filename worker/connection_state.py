@@ -40,11 +40,19 @@ class Ending(enum.Enum):
     """A task of the runner ended unexpectedly: ownership is in doubt."""
     PARKED = "parked"
     """The upstream was given up on (worker.upstream_failures): release and park it."""
+    HANDED_OFF = "handed_off"
+    """Released for another worker to take (a balance move or a drain)."""
 
     @property
     def graceful(self) -> bool:
         """The lease is ours: finish the handler call in flight, then release."""
-        return self in (Ending.SHUTDOWN, Ending.STOPPED, Ending.RESTARTED, Ending.PARKED)
+        return self in (
+            Ending.SHUTDOWN,
+            Ending.STOPPED,
+            Ending.RESTARTED,
+            Ending.PARKED,
+            Ending.HANDED_OFF,
+        )
 
     @property
     def releases(self) -> bool:

@@ -9,12 +9,13 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from worker import health
 from worker.acquire_result import AcquireResult
+from worker.balancer import Balancer
 from worker.capacity import Capacity
 from worker.config import WorkerConfig
 from worker.connection import ConnectionRunner, ConnectionSettings, Outcome
@@ -89,6 +90,8 @@ class Worker:
         self._runners: dict[str, ConnectionRunner] = {}
         self._acquiring: dict[str, asyncio.Task[Any]] = {}
         self._owning: set[asyncio.Task[None]] = set()
+        self._handing_off: dict[str, asyncio.Future[bool]] = {}
+        """Connections being handed off: whether their release landed."""
         self._released: dict[str, float] = {}
         self._closing = False
         self._session_gen = 0
@@ -96,6 +99,8 @@ class Worker:
         """The session's fence deadline (loop time): no handler call at or after it."""
         self._keeper: SessionKeeper | None = None
         self._last_renew_sent: float | None = None
+        self._renew_seen = asyncio.Event()
+        """Set by every successful renew (a drain waits for the one that publishes it)."""
         self._opening: asyncio.Task[None] | None = None
         self._notices_in_progress: set[str] = set()
         self._page_written: dict[str, PageEntry] = {}
@@ -120,11 +125,20 @@ class Worker:
             max_message_bytes=config.max_message_bytes,
             fail_after=config.upstream_fail_after,
         )
+        self.balancer = Balancer(
+            self,
+            deps.sessions,
+            config.balance,
+            metrics=self.metrics,
+            wall_ms=deps.wall_ms,
+            rng=rng,
+        )
         self.queue = StartQueue(deps.sqs, config.queue_url, wait_seconds=config.sqs_wait_seconds)
         self.consumer = StartConsumer(
             self.queue,
             capacity=self.capacity,
             acquire=self.acquire,
+            may_rebalance=lambda: self.balancer.room() > 0,
             retry_seconds=max(1, round(config.timing.heartbeat)),
             rng=rng,
         )
@@ -133,6 +147,7 @@ class Worker:
             sessions=deps.sessions,
             owner=self,
             capacity=self.capacity,
+            balancer=self.balancer,
             metrics=self.metrics,
             wall_ms=deps.wall_ms,
             rng=rng,
@@ -151,6 +166,47 @@ class Worker:
     def session_gen(self) -> int:
         """The generation of the open session (0 while none is open)."""
         return self._session_gen
+
+    def load(self) -> tuple[int, int]:
+        """Connections run now, and the capacity the session publishes (0 while closing)."""
+        return len(self._runners), self._published_capacity()
+
+    def _published_capacity(self) -> int:
+        return 0 if self._closing else self.config.max_connections
+
+    def movable(self) -> list[str]:
+        """Connections that may be handed off: run under the open session, not ending."""
+        gen = self._session_gen
+        return [
+            cid
+            for cid, runner in self._runners.items()
+            if runner.lease.session_gen == gen
+            and not runner.ending
+            and cid not in self._handing_off
+        ]
+
+    async def hand_off(self, connection_ids: Sequence[str]) -> list[str]:
+        """End these connections for another worker to take: each finishes its handler
+        call in flight and is released with its final checkpoint. The ids released."""
+        loop = asyncio.get_running_loop()
+        waiting: dict[str, asyncio.Future[bool]] = {}
+        for cid in connection_ids:
+            runner = self._runners.get(cid)
+            if runner is None or cid in self._handing_off:
+                continue
+            waiting[cid] = self._handing_off[cid] = loop.create_future()
+            runner.stop(Ending.HANDED_OFF)
+        if not waiting:
+            return []
+        timing = self.config.timing
+        try:
+            await asyncio.wait(
+                waiting.values(), timeout=timing.drain_budget + timing.release_budget
+            )
+        finally:
+            for cid in waiting:
+                self._handing_off.pop(cid, None)
+        return [cid for cid, done in waiting.items() if done.done() and done.result()]
 
     def recently_released(self, connection_id: str) -> bool:
         released = self._released.get(connection_id)
@@ -368,14 +424,21 @@ class Worker:
             del self._runners[connection_id]
             self._released[connection_id] = time.monotonic()
             await self.capacity.release()
+            handing_off = self._handing_off.get(connection_id)
+            if handing_off is not None and not handing_off.done():
+                handing_off.set_result(
+                    outcome is not None and outcome.released and outcome.ending is Ending.HANDED_OFF
+                )
         if outcome is not None and outcome.released:
             await self._after_release(connection_id, outcome)
         await runner.wait_closed()
 
     async def _after_release(self, connection_id: str, outcome: Outcome) -> None:
+        if outcome.ending is Ending.HANDED_OFF:
+            return  # offered to its receiver by the balancer
         if self._closing or outcome.ending is Ending.SHUTDOWN:
             if self.config.reassign_on_release:
-                await self._send_reassign(connection_id)
+                await self.send_reassign(connection_id)
         elif outcome.restarted:
             # Restarted (maybe with a new URL) while we held it, seen by the renew or
             # by the release: take it again at once with the new generation instead of
@@ -387,7 +450,7 @@ class Worker:
                 extra={"connection_id": connection_id, "result": result.value},
             )
 
-    async def _send_reassign(self, connection_id: str) -> None:
+    async def send_reassign(self, connection_id: str) -> None:
         try:
             await self.queue.send(StartMessage(REASSIGN, connection_id))
         except Exception as error:
@@ -436,7 +499,7 @@ class Worker:
                 SessionEvents(self._renewed, self._renew_failed, self._reaped),
                 wall_ms=self._wall_ms,
                 connections=lambda: len(self._runners),
-                capacity=lambda: 0 if self._closing else self.config.max_connections,
+                capacity=self._published_capacity,
                 first_renew_at=sent_at + timing.heartbeat,
             )
             self._keeper.start()
@@ -450,6 +513,7 @@ class Worker:
         now = asyncio.get_running_loop().time()
         gap = None if self._last_renew_sent is None else sent_at - self._last_renew_sent
         self._last_renew_sent = sent_at
+        self._renew_seen.set()
         self.metrics.renew_lateness(lateness)
         self.metrics.session_renewed(gap, self._deadline - now)
         self._deadline = max(
@@ -491,14 +555,38 @@ class Worker:
         each named item strongly and end its runner accordingly; the next renew
         removes the notices acted on."""
         acted: set[str] = set()
+        offers = {t for t in tokens if session_rules.notice_kind(t) == session_rules.OFFER}
         try:
-            for token in tokens:
+            acted |= await self._take_offers(offers)
+            for token in tokens - offers:
                 if await self._recheck(session_rules.notice_connection_id(token)):
                     acted.add(token)
         finally:
             self._notices_in_progress -= tokens
             if self._keeper is not None and acted:
                 self._keeper.acted_on(acted)
+
+    async def _take_offers(self, tokens: set[str]) -> set[str]:
+        """Connections another worker released for this one (a balance move or a
+        drain): acquire as many as this worker has room for; the rest wait in the
+        ``unowned`` index for workers below their share. Every offer is acted on."""
+        if not tokens:
+            return set()
+        ids = sorted({session_rules.notice_connection_id(t) for t in tokens})
+        # The offered connections count as free ones seen: the giver's published load
+        # may still include them.
+        room = self.balancer.room(unowned=len(ids))
+        accepted = ids[:room]
+        results = await asyncio.gather(*(self.acquire(cid) for cid in accepted))
+        log.info(
+            "offers",
+            extra={
+                "offered": len(ids),
+                "room": room,
+                "won": sum(1 for r in results if r is AcquireResult.WON),
+            },
+        )
+        return tokens
 
     async def recheck_changed(self, seen: list[ConnectionItem]) -> None:
         """Entries of this session's ``by-owner`` listing whose desired state or
@@ -613,6 +701,7 @@ class Worker:
         # Attempts in flight finish (a won lease gets a runner, stopped just below).
         await asyncio.gather(*self._acquiring.values(), return_exceptions=True)
         count = len(self._runners)
+        handed = await self._drain()
         for runner in list(self._runners.values()):
             runner.stop(Ending.SHUTDOWN)
         await self._wait_for_connections()
@@ -623,10 +712,36 @@ class Worker:
             "worker stopped",
             extra={
                 "connections": count,
+                "handed_over": len(handed),
                 "handed_back": handed_back,
                 "seconds": round(time.monotonic() - started, 3),
             },
         )
+
+    async def _drain(self) -> set[str]:
+        """Publish capacity 0 (the next renew) and hand the connections to the others
+        (:meth:`Balancer.drain`); what is left ends with a ``reassign`` hint."""
+        if not self._runners or self._keeper is None:
+            return set()
+        loop = asyncio.get_running_loop()
+        closing_at = loop.time()
+        timing = self.config.timing
+        try:
+            # A renew sent after closing publishes capacity 0, and a reconcile pass of
+            # the others lists it: from then on their shares count this worker's
+            # connections as theirs, and they take the offers.
+            async with asyncio.timeout(2 * timing.heartbeat):
+                while (self._last_renew_sent or 0.0) <= closing_at:
+                    self._renew_seen.clear()
+                    await self._renew_seen.wait()
+            await asyncio.sleep(timing.reconcile)
+        except TimeoutError:
+            pass
+        try:
+            return await self.balancer.drain()
+        except Exception as error:
+            log.warning("drain failed; releasing with hints", extra={"error": repr(error)})
+            return set()
 
     async def _retire_session(self) -> None:
         """After the last release: stop renewing and mark the session DEAD, so others

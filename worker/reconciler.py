@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
 from worker.acquire_result import AcquireResult
+from worker.balancer import Balancer
 from worker.capacity import Capacity
 from worker.metrics import FleetMetrics
 from wsfleet import metric_names as m
@@ -86,6 +87,7 @@ class Reconciler:
         sessions: SessionStore,
         owner: Owner,
         capacity: Capacity,
+        balancer: Balancer,
         metrics: FleetMetrics,
         wall_ms: Callable[[], int],
         rng: random.Random,
@@ -94,6 +96,7 @@ class Reconciler:
         self._sessions = sessions
         self._owner = owner
         self._capacity = capacity
+        self._balancer = balancer
         self._metrics = metrics
         self._wall_ms = wall_ms
         self._rng = rng
@@ -116,6 +119,7 @@ class Reconciler:
         taken, draining = await self.sweep_sessions()
         await self.release_strays()
         taken += await self.take_free(every_shard=draining)
+        await self._balancer.balance_once(asyncio.get_running_loop().time())
         return taken
 
     # --- 1. sessions -----------------------------------------------------------------
@@ -125,6 +129,7 @@ class Reconciler:
         graceful shutdown publishes capacity 0 until its last release), in which case
         this pass looks for free connections in every shard, not only two."""
         sessions = await self._call(self._sessions.list_sessions)
+        self._balancer.observe(sessions)
         mine = (self._owner.worker_id, self._owner.session_gen)
         taken: list[str] = []
         listed = set()
@@ -259,19 +264,25 @@ class Reconciler:
         if not free_ids:
             return []
         self._metrics.count(m.ORPHANS_FOUND, len(free_ids))
+        # Up to this worker's fair share (the free ones seen count in the fleet's
+        # total): a worker at or above it leaves them to those below theirs.
+        room = self._balancer.room(unowned=len(free_ids))
+        if room <= 0:
+            return []
         self._rng.shuffle(free_ids)
-        return await self._acquire_each(free_ids)
+        return await self._acquire_each(free_ids, room)
 
     # --- plumbing ------------------------------------------------------------------------
 
-    async def _acquire_each(self, ids: Iterable[str]) -> list[str]:
-        """Acquire ``ids``, :data:`PARALLEL_TAKES` at a time, while there is room."""
+    async def _acquire_each(self, ids: Iterable[str], room: int) -> list[str]:
+        """Acquire ``ids``, :data:`PARALLEL_TAKES` at a time, until ``room`` are taken
+        or there is no free slot."""
         gate = asyncio.Semaphore(PARALLEL_TAKES)
         taken: list[str] = []
 
         async def one(connection_id: str) -> None:
             async with gate:
-                if self._capacity.free <= 0:
+                if self._capacity.free <= 0 or len(taken) >= room:
                     return
                 try:
                     result = await self._owner.acquire(connection_id)

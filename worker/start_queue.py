@@ -1,4 +1,5 @@
-"""The SQS start path: long-poll for start/reassign hints and try to acquire.
+"""The SQS start path: long-poll for start/reassign hints and try to acquire (a
+``reassign`` only while the worker is below its fair share, :mod:`worker.balancer`).
 
 Messages are hints (the table is the truth). A message is deleted once its outcome
 is known; on an error it becomes visible again after a short delay; a worker that
@@ -78,12 +79,14 @@ class StartConsumer:
         *,
         capacity: Capacity,
         acquire: Acquire,
+        may_rebalance: Callable[[], bool] = lambda: True,
         retry_seconds: int,
         rng: random.Random,
     ) -> None:
         self._queue = queue
         self._capacity = capacity
         self._acquire = acquire
+        self._may_rebalance = may_rebalance
         self._retry_seconds = retry_seconds
         self._rng = rng
         self._poll: asyncio.Future[list[MessageTypeDef]] | None = None
@@ -142,7 +145,12 @@ class StartConsumer:
             )
             return None
         try:
-            result = await self._acquire(start.connection_id)
+            if start.type == REASSIGN and not self._may_rebalance():
+                # A rebalancing hint at a worker at or above its fair share: leave the
+                # connection to those below theirs (the unowned index finds it).
+                result = AcquireResult.AT_SHARE
+            else:
+                result = await self._acquire(start.connection_id)
         except Exception as error:
             log.warning(
                 "acquire failed; the message will come back",

@@ -26,6 +26,8 @@ MESSAGES_PROCESSED: Final = "MessagesProcessed"
 UPSTREAM_RECONNECTS: Final = "UpstreamReconnects"
 HANDLER_ERRORS: Final = "HandlerErrors"
 CONNECTIONS_FAILED: Final = "ConnectionsFailed"
+CONNECTIONS_MOVED: Final = "ConnectionsMoved"
+"""Connections this worker handed to another in a balance round (not at shutdown)."""
 
 COUNTERS: Final = (
     LEASES_ACQUIRED,
@@ -38,5 +40,6 @@ COUNTERS: Final = (
     UPSTREAM_RECONNECTS,
     HANDLER_ERRORS,
     CONNECTIONS_FAILED,
+    CONNECTIONS_MOVED,
 )
 """Published every period, zeros included."""

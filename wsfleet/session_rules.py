@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from wsfleet import schema
 from wsfleet.item import from_attributes, to_attribute
@@ -225,6 +225,29 @@ def notice_token(connection_id: str, what: str, now_ms: int, nonce: str) -> str:
 
 def notice_connection_id(token: str) -> str:
     return token.split(" ", 1)[0]
+
+
+OFFER: Final = "offer"
+"""A notice from another worker: it has just released this connection for the session
+to take (a balance move or a drain), with its final checkpoint in the item."""
+
+
+def notice_kind(token: str) -> str:
+    """``start``, ``stop`` (the router's) or :data:`OFFER` (another worker's)."""
+    parts = token.split(" ")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def offer_update(tokens: Iterable[str]) -> ConditionalUpdate:
+    """A worker hands connections it has just released to a live session, in one
+    write (``tokens``: :func:`notice_token` with :data:`OFFER`); refused when the
+    session is no longer ALIVE (the connections then wait in the ``unowned`` index)."""
+    return ConditionalUpdate(
+        update_expression="ADD #notices :tokens",
+        condition_expression="#state = :alive",
+        names=_names("#notices", "#state"),
+        values={":tokens": {"SS": sorted(tokens)}, ":alive": to_attribute(schema.ALIVE)},
+    )
 
 
 # --- sweeping a dead session -------------------------------------------------------------

@@ -118,6 +118,11 @@ class SessionStore:
         """Leave a notice for a session's owner; False when the session is gone."""
         return self._conditional(worker_id, session_gen, session_rules.notice_update(token))
 
+    def offer(self, worker_id: str, session_gen: int, tokens: Iterable[str]) -> bool:
+        """Offer released connections to a live session (one write for all of them);
+        False when the session is not ALIVE."""
+        return self._conditional(worker_id, session_gen, session_rules.offer_update(tokens))
+
     def list_sessions(self) -> list[SessionItem]:
         """Every session, from the session item collections (no index)."""
         sessions: list[SessionItem] = []

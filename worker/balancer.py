@@ -1,0 +1,214 @@
+"""The fleet's balance on one worker (docs/DESIGN.md §4.4): how much it may take, and
+the connections it hands to workers below their fair share.
+
+The rules are :mod:`wsfleet.balance_rules`; this module feeds them the live sessions
+as the reconciler last listed them (with this worker's own load as it is now, not as
+its last renew published it) and carries out this worker's part of the plan:
+
+- **room**: the reconciler's unowned sweep, ``reassign`` hints and offers take only up
+  to :meth:`Balancer.room` (start messages and the takeover of a dead session are not
+  limited by it, only by capacity);
+- **rounds**: at most every ``BALANCE_ROUND_SECONDS``, a worker above its share by
+  more than the tolerance stops the planned number of its connections with a
+  graceful release (the final checkpoint goes into the item) and offers them, one
+  write per receiver, on the receivers' session items. A receiver's next renew (within
+  a heartbeat) returns the offer, and it acquires them: nothing is delivered twice,
+  nothing is skipped, and the gap is a release, a heartbeat at most and a connect;
+- **drain**: at shutdown the worker publishes capacity 0 and hands everything it runs
+  to the others the same way, not limited by the round cap; what fits nowhere goes
+  back with a ``reassign`` hint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import secrets
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
+
+from worker.metrics import FleetMetrics
+from wsfleet import metric_names as m
+from wsfleet import session_rules
+from wsfleet.balance_rules import (
+    BalanceSettings,
+    Load,
+    imbalance,
+    loads_of,
+    plan_moves,
+    room_to_take,
+)
+from wsfleet.session_rules import SessionItem
+from wsfleet.session_store import SessionStore
+
+log = logging.getLogger(__name__)
+
+
+class BalanceOwner(Protocol):
+    """What the balancer needs of the worker."""
+
+    worker_id: str
+
+    @property
+    def session_gen(self) -> int: ...
+
+    def load(self) -> tuple[int, int]:
+        """``(connections run now, capacity as published: 0 while closing)``."""
+        ...
+
+    def movable(self) -> list[str]:
+        """The connections that may be handed off now, in no particular order."""
+        ...
+
+    async def hand_off(self, connection_ids: Sequence[str]) -> list[str]:
+        """End these connections gracefully and release them; the ids released."""
+        ...
+
+    async def send_reassign(self, connection_id: str) -> None: ...
+
+
+def session_key(worker_id: str, session_gen: int) -> str:
+    return f"{worker_id}#{session_gen}"
+
+
+class Balancer:
+    def __init__(
+        self,
+        owner: BalanceOwner,
+        sessions: SessionStore,
+        settings: BalanceSettings | None,
+        *,
+        metrics: FleetMetrics,
+        wall_ms: Callable[[], int],
+        rng: random.Random,
+    ) -> None:
+        """``settings`` None: balancing is off (rooms are then the free capacity)."""
+        self._owner = owner
+        self._sessions = sessions
+        self._settings = settings
+        self._metrics = metrics
+        self._wall_ms = wall_ms
+        self._rng = rng
+        self._listed: list[SessionItem] = []
+        self._next_round_at: float | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self._settings is not None
+
+    @property
+    def _me(self) -> str:
+        return session_key(self._owner.worker_id, self._owner.session_gen)
+
+    def observe(self, sessions: Iterable[SessionItem]) -> None:
+        """The sessions as the reconciler has just listed them."""
+        self._listed = list(sessions)
+
+    def loads(self) -> list[Load]:
+        """The live sessions' loads, this worker's own as it is now."""
+        me = self._me
+        connections, capacity = self._owner.load()
+        others = [load for load in loads_of(self._listed) if load.key != me]
+        return [*others, Load(me, connections, capacity)]
+
+    def room(self, unowned: int = 0) -> int:
+        """How many connections this worker may take from the unowned index, offers or
+        ``reassign`` hints now (``unowned``: how many free ones it has just seen)."""
+        connections, capacity = self._owner.load()
+        if self._settings is None:
+            return max(0, capacity - connections)
+        return room_to_take(self._me, self.loads(), unowned)
+
+    async def balance_once(self, now: float) -> int:
+        """A round when one is due (``now``: loop time): hand this worker's excess to
+        the workers below their share. Returns how many connections it moved."""
+        settings = self._settings
+        if settings is None or self._owner.session_gen == 0:
+            return 0
+        if self._next_round_at is None:
+            # The first round waits one interval: the listing has to show the fleet
+            # as it is, newcomers included, before anything moves.
+            self._next_round_at = now + settings.round_seconds
+        if now < self._next_round_at:
+            return 0
+        self._next_round_at = now + settings.round_seconds
+        loads = self.loads()
+        plan = plan_moves(self._me, loads, settings)
+        if not plan:
+            return 0
+        moved = await self._hand_over(plan)
+        self._metrics.count(m.CONNECTIONS_MOVED, moved)
+        log.info(
+            "balance round",
+            extra={
+                "planned": sum(plan.values()),
+                "moved": moved,
+                "receivers": len(plan),
+                "imbalance_before": round(imbalance(loads), 3),
+            },
+        )
+        return moved
+
+    async def drain(self) -> set[str]:
+        """At shutdown, once this worker publishes capacity 0: hand everything it runs
+        to the others (not limited by the round cap). Returns the ids handed over;
+        the caller ends the rest as usual."""
+        if self._owner.session_gen == 0:
+            return set()
+        connections, _ = self._owner.load()
+        loads = [
+            load if load.key != self._me else Load(load.key, connections, 0)
+            for load in self.loads()
+        ]
+        plan = plan_moves(self._me, loads, self._settings or BalanceSettings())
+        if not plan:
+            return set()
+        handed: set[str] = set()
+        await self._hand_over(plan, handed)
+        log.info(
+            "drain handed over",
+            extra={"planned": sum(plan.values()), "handed": len(handed), "receivers": len(plan)},
+        )
+        return handed
+
+    async def _hand_over(self, plan: dict[str, int], handed: set[str] | None = None) -> int:
+        """Release the planned number of connections for each receiver and offer them
+        to it, receivers side by side; the number offered."""
+        movable = self._owner.movable()
+        self._rng.shuffle(movable)
+        groups: dict[str, list[str]] = {}
+        for receiver, count in sorted(plan.items()):
+            groups[receiver], movable = movable[:count], movable[count:]
+        done = await asyncio.gather(
+            *(self._hand_to(receiver, ids, handed) for receiver, ids in groups.items() if ids)
+        )
+        return sum(done)
+
+    async def _hand_to(self, receiver: str, ids: list[str], handed: set[str] | None) -> int:
+        released = await self._owner.hand_off(ids)
+        if handed is not None:
+            handed.update(released)
+        if not released:
+            return 0
+        worker_id, _, gen = receiver.rpartition("#")
+        now_ms = self._wall_ms()
+        tokens = [
+            session_rules.notice_token(cid, session_rules.OFFER, now_ms, secrets.token_hex(4))
+            for cid in released
+        ]
+        loop = asyncio.get_running_loop()
+        try:
+            offered = await loop.run_in_executor(
+                None, self._sessions.offer, worker_id, int(gen), tokens
+            )
+        except Exception as error:
+            log.warning("offer failed", extra={"receiver": receiver, "error": repr(error)})
+            offered = False
+        if not offered:
+            # The receiver is gone: the connections wait in the unowned index; a hint
+            # brings them to someone with room sooner than a sweep would.
+            for cid in released:
+                await self._owner.send_reassign(cid)
+            return 0
+        return len(released)
