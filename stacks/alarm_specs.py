@@ -124,9 +124,14 @@ def _worker_alarms(f: MonitoredFleet) -> list[AlarmSpec]:
             periods=renew_periods,
             datapoints=renew_datapoints,
         ),
-        # ConnectionsFailed (connections parked, docs/DESIGN.md §3.7) is published
-        # by the worker (wsfleet.metric_names.CONNECTIONS_FAILED); its alarm belongs
-        # here, with its runbook row in README.md, as a change of its own.
+        AlarmSpec(
+            "ConnectionsFailing",
+            f.worker(m.CONNECTIONS_FAILED, period=FIVE_MINUTES),
+            1,
+            "connections were parked (status failed): their upstream refused for good "
+            "or delivered nothing for UPSTREAM_FAIL_AFTER_SECONDS; no worker retries "
+            "them until they are started again",
+        ),
         AlarmSpec(
             "NoWorkerRunning",
             f.container_insights("RunningTaskCount", statistic=cw.Stats.MINIMUM),

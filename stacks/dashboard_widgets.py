@@ -85,10 +85,35 @@ def fleet_rows(f: MonitoredFleet) -> list[Row]:
         ],
         [
             graph("Messages / s", [messages]),
-            graph("Upstream reconnects", [f.worker(m.UPSTREAM_RECONNECTS)]),
+            graph(
+                "Upstream reconnects / connections failed",
+                [
+                    f.worker(m.UPSTREAM_RECONNECTS, label="reconnects"),
+                    f.worker(m.CONNECTIONS_FAILED, label="parked (failed)"),
+                ],
+            ),
             graph("Handler errors", [f.worker(m.HANDLER_ERRORS)]),
         ],
+        [
+            graph(
+                "Balance: max / mean connections per task",
+                [load_spread(f.service_name)],
+                right=[f.worker(m.CONNECTIONS_MOVED, label="connections moved")],
+                width=12,
+            ),
+        ],
     ]
+
+
+def load_spread(service: str) -> cw.MathExpression:
+    """The busiest task's connections over the mean of all tasks: 1 when balanced; the
+    fleet's balance rounds keep it at or below about 1 + BALANCE_TOLERANCE."""
+    return cw.MathExpression(
+        expression="MAX(tasks) / AVG(tasks)",
+        using_metrics={"tasks": per_task_search(m.ACTIVE_CONNECTIONS, service=service)},
+        label="max / mean",
+        period=ONE_MINUTE,
+    )
 
 
 def service_rows(f: MonitoredFleet) -> list[Row]:

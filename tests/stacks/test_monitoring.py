@@ -67,6 +67,8 @@ def test_dlq_alarms_fire_on_a_single_message(synth: Synthesized) -> None:
         ("LeaseLossesSpiking", m.LEASES_LOST, 300, 5, 1, 1),
         # sustained: failures in 3 of 5 one-minute periods, not one bad minute
         ("RenewFailuresSustained", m.RENEW_FAILURES, 60, 1, 3, 5),
+        # any connection parked in five minutes: a person looks at the reason
+        ("ConnectionsFailing", m.CONNECTIONS_FAILED, 300, 1, 1, 1),
     ],
 )
 def test_lease_alarms_read_the_worker_metrics(
@@ -194,7 +196,7 @@ def test_every_alarm_notifies_the_stacks_topic_on_alarm_and_on_ok(synth: Synthes
     assert synth.settings.alarm_topic_arn is None
     topic_id, _ = only(synth.resources, "AWS::SNS::Topic")
     alarms = _alarms(synth)
-    assert len(alarms) == 10
+    assert len(alarms) == 11
     for name, alarm in alarms.items():
         assert alarm["AlarmActions"] == [{"Ref": topic_id}], name
         assert alarm["OKActions"] == [{"Ref": topic_id}], name
@@ -340,3 +342,24 @@ def test_outputs(synth: Synthesized) -> None:
     assert "#dashboards/dashboard/" in json.dumps(outputs["DashboardUrl"])
     table_id, _ = only(synth.resources, "AWS::DynamoDB::Table")
     assert outputs["TableName"]["Value"] == {"Ref": table_id}
+
+
+def test_dashboard_shows_the_balance_of_the_fleet(synth: Synthesized) -> None:
+    """The busiest task over the mean, from the per-task ActiveConnections, next to the
+    moves that keep it down; and parked connections next to the reconnects."""
+    graphs = {
+        w["properties"]["title"]: w["properties"]["metrics"]
+        for w in _dashboard_widgets(synth)
+        if w["type"] == "metric"
+    }
+    balance = graphs["Balance: max / mean connections per task"]
+    expressions = [line[0]["expression"] for line in balance if "expression" in line[0]]
+    assert "MAX(tasks) / AVG(tasks)" in expressions
+    search = next(e for e in expressions if e.startswith("SEARCH("))
+    assert f'MetricName="{m.ACTIVE_CONNECTIONS}"' in search
+    assert {line[1] for line in balance if len(line) > 1} == {m.CONNECTIONS_MOVED}
+    reconnects = graphs["Upstream reconnects / connections failed"]
+    assert {line[1] for line in reconnects if len(line) > 1} == {
+        m.UPSTREAM_RECONNECTS,
+        m.CONNECTIONS_FAILED,
+    }
