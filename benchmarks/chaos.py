@@ -39,7 +39,9 @@ with SIGTERM. Checks (a failed one is a violation):
 - no lost seq (every seq from 1 to the highest handled was handled);
 - every connection handled again after the faults (nothing stuck);
 - no worker exited on its own, and every SIGTERM ended with status 0;
-- no lease left held after the final graceful shutdown.
+- no lease left held after the final graceful shutdown;
+- the connections spread over the live workers within 60 s of the last fault's end:
+  the busiest at most ``ceil(1.10 x mean)`` (the balance target in whole connections).
 
 Reported: duplicates (allowed: messages handled after the last checkpoint that reached
 DynamoDB before a crash, pause or partition; each blamed on the fault that caused it),
@@ -65,7 +67,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.chaos_audit import Fault, Outcome, audit, render
+from benchmarks.chaos_audit import (
+    BALANCE_WITHIN_S,
+    Balance,
+    Fault,
+    Outcome,
+    audit,
+    is_balanced,
+    render,
+)
 from benchmarks.chaos_plan import (
     DEFAULTS,
     TARGETED,
@@ -339,6 +349,23 @@ class ChaosRun:
         self.check_exits()
 
 
+def wait_balanced(chaos: ChaosRun, since: float) -> Balance:
+    """Poll the owners until the live workers' loads are balanced
+    (:func:`~benchmarks.chaos_audit.is_balanced`), for up to
+    :data:`~benchmarks.chaos_audit.BALANCE_WITHIN_S` after ``since``."""
+    loads: dict[str, int] = {}
+    while True:
+        live = [w.worker_id for w in chaos.running()]
+        owners = Counter(item.lease_owner for item in chaos.deployment.items())
+        loads = {worker_id: owners.get(worker_id, 0) for worker_id in live}
+        now = time.time()
+        if sum(loads.values()) == chaos.options.connections and is_balanced(loads):
+            return Balance(now - since, loads)
+        if now - since > BALANCE_WITHIN_S:
+            return Balance(None, loads)
+        time.sleep(0.25)
+
+
 def held_leases(deployment: Deployment) -> list[str]:
     """Ids whose lease still has an owner (a full scan; the table is small)."""
     return sorted(i.connection_id for i in deployment.items() if i.lease_owner is not None)
@@ -431,6 +458,12 @@ def _drive(
         log(str(error))  # the audit reports the stuck connections
     measured_until = time.time()
     wait_until(chaos.all_started, WORKER_READY_TIMEOUT_S, "every replacement worker to start")
+    balance = wait_balanced(chaos, settle_since)
+    log(
+        f"not balanced {BALANCE_WITHIN_S:g} s after the faults: {balance.loads}"
+        if balance.seconds is None
+        else f"balanced {balance.seconds:.1f} s after the faults: {balance.loads}"
+    )
     log("stopping every worker (SIGTERM)")
     chaos.stop_all()
     result = audit(
@@ -443,6 +476,7 @@ def _drive(
         outcome=chaos.outcome,
         held=held_leases(deployment),
         connection_endings=endings(deployment.workers),
+        balance=balance,
     )
     print()
     print(render(result))

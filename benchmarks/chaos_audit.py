@@ -9,10 +9,11 @@ connection went unhandled) and the explanation of each duplicate delivery.
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from benchmarks.chaos_plan import FAULT_KINDS, TARGETED, Options, PlannedConnection
 from benchmarks.report import table
@@ -166,6 +167,40 @@ class Outcome:
     unclean_exits: list[str] = field(default_factory=list)
 
 
+BALANCE_RATIO: Final = 1.10
+"""After the faults, the busiest worker may run at most this much more than the mean."""
+BALANCE_WITHIN_S: Final = 60.0
+"""...within this many seconds of the last fault's end."""
+
+
+@dataclass(frozen=True, slots=True)
+class Balance:
+    """How the connections spread over the live workers after the faults."""
+
+    seconds: float | None
+    """From the end of the last fault to the first balanced sight; None: not within
+    :data:`BALANCE_WITHIN_S`."""
+    loads: dict[str, int]
+    """Connections per live worker at that sight (or at the deadline)."""
+
+    @property
+    def max_over_mean(self) -> float:
+        counts = list(self.loads.values())
+        mean = sum(counts) / len(counts) if counts else 0.0
+        return max(counts) / mean if mean else 1.0
+
+
+def is_balanced(loads: Mapping[str, int]) -> bool:
+    """``max <= ceil(1.10 x mean)`` over the live workers: the target's ratio in whole
+    connections (12 connections on 3 workers may be 5/4/3: 5 is the nearest whole
+    number to 1.10 x 4)."""
+    counts = list(loads.values())
+    if not counts:
+        return False
+    mean = sum(counts) / len(counts)
+    return max(counts) <= math.ceil(round(BALANCE_RATIO * mean, 9))
+
+
 def audit(
     *,
     options: Options,
@@ -177,6 +212,7 @@ def audit(
     outcome: Outcome,
     held: list[str],
     connection_endings: dict[str, int],
+    balance: Balance | None = None,
 ) -> dict[str, Any]:
     """Every check and figure of the run, as one JSON-ready dict; ``violations`` lists
     the failed checks (empty: the run passed)."""
@@ -213,6 +249,8 @@ def audit(
         violations.append(f"SIGTERM without status 0: {outcome.unclean_exits}")
     if held:
         violations.append(f"{len(held)} leases held after the final shutdown: {held[:5]}")
+    if balance is not None and balance.seconds is None:
+        violations.append(f"not balanced {BALANCE_WITHIN_S:g} s after the faults: {balance.loads}")
 
     def gap_json(gap: Gap | None) -> dict[str, Any] | None:
         if gap is None:
@@ -261,6 +299,13 @@ def audit(
         "unexpected_exits": outcome.unexpected_exits,
         "unclean_exits": outcome.unclean_exits,
         "leases_held_after_shutdown": len(held),
+        "balance": None
+        if balance is None
+        else {
+            "seconds_after_faults": None if balance.seconds is None else round(balance.seconds, 2),
+            "max_over_mean": round(balance.max_over_mean, 3),
+            "loads": balance.loads,
+        },
         "violations": violations,
     }
 
@@ -303,6 +348,17 @@ def render(result: dict[str, Any]) -> str:
         ["longest unhandled, faulty upstream", gap("longest_unhandled_upstream_faulted"), ""],
         ["longest start to first delivery", gap("longest_start_to_first_delivery"), ""],
     ]
+    balance = result.get("balance")
+    if balance is not None:
+        seconds = balance["seconds_after_faults"]
+        checks.append(
+            [
+                "balanced after the faults (max <= ceil(1.10 x mean))",
+                "not reached" if seconds is None else f"{seconds:.1f} s",
+                f"within {BALANCE_WITHIN_S:g} s",
+            ]
+        )
+        checks.append(["max / mean connections per worker then", balance["max_over_mean"], ""])
     lines += ["checks", table(["check", "value", "rule"], checks), ""]
     if result["duplicates_by_cause"]:
         lines += [

@@ -10,10 +10,12 @@ import pytest
 
 from benchmarks.chaos_audit import (
     NO_FAULT,
+    Balance,
     Fault,
     Outcome,
     audit,
     explain_duplicates,
+    is_balanced,
     longest_gaps,
     render,
     stuck,
@@ -178,3 +180,50 @@ def test_audit_reports_violations_and_renders_them() -> None:
     )
     assert clean["violations"] == []
     assert "violations: 0" in render(clean)
+
+
+@pytest.mark.parametrize(
+    ("loads", "balanced"),
+    [
+        ({"w1": 15, "w2": 15, "w3": 15, "w4": 15}, True),
+        ({"w1": 16, "w2": 15, "w3": 15, "w4": 14}, True),  # 16 <= ceil(16.5)
+        ({"w1": 17, "w2": 15, "w3": 14, "w4": 14}, True),  # 17 = ceil(16.5)
+        ({"w1": 18, "w2": 14, "w3": 14, "w4": 14}, False),
+        ({"w1": 5, "w2": 4, "w3": 3}, True),  # 12 on 3: 5 = ceil(4.4), at rest
+        ({"w1": 6, "w2": 3, "w3": 3}, False),
+        ({"w1": 10, "w2": 10}, True),  # 1.10 x 10 is 11 in floats too, not 11.000...1
+        ({"w1": 12, "w2": 8}, False),
+        ({}, False),
+    ],
+)
+def test_balanced_is_the_ratio_target_in_whole_connections(loads, balanced) -> None:
+    assert is_balanced(loads) is balanced
+
+
+def test_an_unbalanced_fleet_after_the_faults_is_a_violation() -> None:
+    options = Options(duration=10, workers=2, connections=2)
+    planned = plan_connections(random.Random(0), 2, 10.0)
+    a, b = (p.connection_id for p in planned)
+    common = dict(
+        options=options,
+        records=[rec(a, 1, 1.0), rec(b, 1, 1.0)],
+        planned=planned,
+        started_at={a: 0.5, b: 0.5},
+        settle_since=0.9,
+        measured_until=1.5,
+        outcome=Outcome(),
+        held=[],
+        connection_endings={},
+    )
+    late = audit(**common, balance=Balance(None, {"w1": 2, "w2": 0}))
+    assert late["violations"] == ["not balanced 60 s after the faults: {'w1': 2, 'w2': 0}"]
+    assert late["balance"] == {
+        "seconds_after_faults": None,
+        "max_over_mean": 2.0,
+        "loads": {"w1": 2, "w2": 0},
+    }
+    assert "not reached" in render(late)
+    on_time = audit(**common, balance=Balance(12.345, {"w1": 1, "w2": 1}))
+    assert on_time["violations"] == []
+    assert on_time["balance"]["seconds_after_faults"] == 12.35
+    assert "12.3 s" in render(on_time)
