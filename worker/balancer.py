@@ -15,8 +15,9 @@ its last renew published it) and carries out this worker's part of the plan:
   a heartbeat) returns the offer, and it acquires them: nothing is delivered twice,
   nothing is skipped, and the gap is a release, a heartbeat at most and a connect;
 - **drain**: at shutdown the worker publishes capacity 0 and hands everything it runs
-  to the others the same way, not limited by the round cap; what fits nowhere goes
-  back with a ``reassign`` hint.
+  to the others the same way (``drain`` notices, which a receiver takes up to its
+  capacity, like the takeover of a dead session), not limited by the round cap; what
+  fits nowhere goes back with a ``reassign`` hint.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ class Balancer:
         plan = plan_moves(self._me, loads, settings)
         if not plan:
             return 0
-        moved = await self._hand_over(plan)
+        moved = await self._hand_over(plan, session_rules.OFFER)
         self._metrics.count(m.CONNECTIONS_MOVED, moved)
         log.info(
             "balance round",
@@ -161,18 +162,22 @@ class Balancer:
             load if load.key != self._me else Load(load.key, connections, 0)
             for load in self.loads()
         ]
+        # Planned from this worker's own listing: the receivers take a drain up to
+        # their capacity, so they need not have listed this worker as draining yet.
         plan = plan_moves(self._me, loads, self._settings or BalanceSettings())
         if not plan:
             return set()
         handed: set[str] = set()
-        await self._hand_over(plan, handed)
+        await self._hand_over(plan, session_rules.DRAIN, handed)
         log.info(
             "drain handed over",
             extra={"planned": sum(plan.values()), "handed": len(handed), "receivers": len(plan)},
         )
         return handed
 
-    async def _hand_over(self, plan: dict[str, int], handed: set[str] | None = None) -> int:
+    async def _hand_over(
+        self, plan: dict[str, int], kind: str, handed: set[str] | None = None
+    ) -> int:
         """Release the planned number of connections for each receiver and offer them
         to it, receivers side by side; the number offered."""
         movable = self._owner.movable()
@@ -181,11 +186,13 @@ class Balancer:
         for receiver, count in sorted(plan.items()):
             groups[receiver], movable = movable[:count], movable[count:]
         done = await asyncio.gather(
-            *(self._hand_to(receiver, ids, handed) for receiver, ids in groups.items() if ids)
+            *(self._hand_to(receiver, ids, kind, handed) for receiver, ids in groups.items() if ids)
         )
         return sum(done)
 
-    async def _hand_to(self, receiver: str, ids: list[str], handed: set[str] | None) -> int:
+    async def _hand_to(
+        self, receiver: str, ids: list[str], kind: str, handed: set[str] | None
+    ) -> int:
         released = await self._owner.hand_off(ids)
         if handed is not None:
             handed.update(released)
@@ -194,8 +201,7 @@ class Balancer:
         worker_id, _, gen = receiver.rpartition("#")
         now_ms = self._wall_ms()
         tokens = [
-            session_rules.notice_token(cid, session_rules.OFFER, now_ms, secrets.token_hex(4))
-            for cid in released
+            session_rules.notice_token(cid, kind, now_ms, secrets.token_hex(4)) for cid in released
         ]
         loop = asyncio.get_running_loop()
         try:

@@ -99,8 +99,6 @@ class Worker:
         """The session's fence deadline (loop time): no handler call at or after it."""
         self._keeper: SessionKeeper | None = None
         self._last_renew_sent: float | None = None
-        self._renew_seen = asyncio.Event()
-        """Set by every successful renew (a drain waits for the one that publishes it)."""
         self._opening: asyncio.Task[None] | None = None
         self._notices_in_progress: set[str] = set()
         self._page_written: dict[str, PageEntry] = {}
@@ -513,7 +511,6 @@ class Worker:
         now = asyncio.get_running_loop().time()
         gap = None if self._last_renew_sent is None else sent_at - self._last_renew_sent
         self._last_renew_sent = sent_at
-        self._renew_seen.set()
         self.metrics.renew_lateness(lateness)
         self.metrics.session_renewed(gap, self._deadline - now)
         self._deadline = max(
@@ -555,7 +552,7 @@ class Worker:
         each named item strongly and end its runner accordingly; the next renew
         removes the notices acted on."""
         acted: set[str] = set()
-        offers = {t for t in tokens if session_rules.notice_kind(t) == session_rules.OFFER}
+        offers = {t for t in tokens if session_rules.notice_kind(t) in session_rules.HANDOFFS}
         try:
             acted |= await self._take_offers(offers)
             for token in tokens - offers:
@@ -567,21 +564,24 @@ class Worker:
                 self._keeper.acted_on(acted)
 
     async def _take_offers(self, tokens: set[str]) -> set[str]:
-        """Connections another worker released for this one (a balance move or a
-        drain): acquire as many as this worker has room for; the rest wait in the
-        ``unowned`` index for workers below their share. Every offer is acted on."""
+        """Connections another worker released for this one: a balance move, taken up to
+        this worker's fair share (the offered ones count as free ones seen: the giver's
+        published load may still include them), or a drain, taken up to capacity like
+        a dead session's (everything of a worker that shuts down must find a home).
+        What is not taken waits in the ``unowned`` index. Every offer is acted on."""
         if not tokens:
             return set()
-        ids = sorted({session_rules.notice_connection_id(t) for t in tokens})
-        # The offered connections count as free ones seen: the giver's published load
-        # may still include them.
-        room = self.balancer.room(unowned=len(ids))
-        accepted = ids[:room]
+        drains = {t for t in tokens if session_rules.notice_kind(t) == session_rules.DRAIN}
+        drained = sorted({session_rules.notice_connection_id(t) for t in drains})
+        moves = sorted({session_rules.notice_connection_id(t) for t in tokens - drains})
+        room = self.balancer.room(unowned=len(moves)) if moves else 0
+        accepted = drained + moves[:room]
         results = await asyncio.gather(*(self.acquire(cid) for cid in accepted))
         log.info(
             "offers",
             extra={
-                "offered": len(ids),
+                "drained": len(drained),
+                "moved": len(moves),
                 "room": room,
                 "won": sum(1 for r in results if r is AcquireResult.WON),
             },
@@ -719,24 +719,11 @@ class Worker:
         )
 
     async def _drain(self) -> set[str]:
-        """Publish capacity 0 (the next renew) and hand the connections to the others
-        (:meth:`Balancer.drain`); what is left ends with a ``reassign`` hint."""
-        if not self._runners or self._keeper is None:
+        """Hand the connections to the others (:meth:`Balancer.drain`); what is left
+        ends with a ``reassign`` hint. The session publishes capacity 0 from its next
+        renew on, so the others stop counting on this worker."""
+        if not self._runners:
             return set()
-        loop = asyncio.get_running_loop()
-        closing_at = loop.time()
-        timing = self.config.timing
-        try:
-            # A renew sent after closing publishes capacity 0, and a reconcile pass of
-            # the others lists it: from then on their shares count this worker's
-            # connections as theirs, and they take the offers.
-            async with asyncio.timeout(2 * timing.heartbeat):
-                while (self._last_renew_sent or 0.0) <= closing_at:
-                    self._renew_seen.clear()
-                    await self._renew_seen.wait()
-            await asyncio.sleep(timing.reconcile)
-        except TimeoutError:
-            pass
         try:
             return await self.balancer.drain()
         except Exception as error:

@@ -228,19 +228,24 @@ def notice_connection_id(token: str) -> str:
 
 
 OFFER: Final = "offer"
-"""A notice from another worker: it has just released this connection for the session
-to take (a balance move or a drain), with its final checkpoint in the item."""
+"""A notice from another worker: it has just released this connection, with its final
+checkpoint in the item, for the session to take (a balance move)."""
+DRAIN: Final = "drain"
+"""The same from a worker that is shutting down: everything it ran must find a home."""
+HANDOFFS: Final = frozenset((OFFER, DRAIN))
 
 
 def notice_kind(token: str) -> str:
-    """``start``, ``stop`` (the router's) or :data:`OFFER` (another worker's)."""
+    """``start``, ``stop`` (the router's), :data:`OFFER` or :data:`DRAIN` (another
+    worker's)."""
     parts = token.split(" ")
     return parts[1] if len(parts) > 1 else ""
 
 
 def offer_update(tokens: Iterable[str]) -> ConditionalUpdate:
     """A worker hands connections it has just released to a live session, in one
-    write (``tokens``: :func:`notice_token` with :data:`OFFER`); refused when the
+    write (``tokens``: :func:`notice_token` with :data:`OFFER` or :data:`DRAIN`);
+    refused when the
     session is no longer ALIVE (the connections then wait in the ``unowned`` index)."""
     return ConditionalUpdate(
         update_expression="ADD #notices :tokens",
