@@ -38,6 +38,7 @@ LOG_LEVEL: Final = "LOG_LEVEL"
 BALANCE_ROUND_SECONDS: Final = "BALANCE_ROUND_SECONDS"
 BALANCE_TOLERANCE: Final = "BALANCE_TOLERANCE"
 BALANCE_MOVE_FRACTION: Final = "BALANCE_MOVE_FRACTION"
+SECRET_CACHE_SECONDS: Final = "SECRET_CACHE_SECONDS"
 
 DEFAULT_HEALTH_FILE: Final = "/tmp/websocket-fleet-worker.alive"
 
@@ -68,6 +69,9 @@ class WorkerConfig:
     """Seconds of failed upstream attempts with no message handled before a connection
     is parked (docs/DESIGN.md §4.4)."""
     log_level: str = "INFO"
+    secret_cache_seconds: float = 300.0
+    """How long a secret's value read for a connection is used before it is read
+    again (docs/DESIGN.md §4.4, "Credentials"); 0: read at every connection attempt."""
     balance: BalanceSettings | None = field(default_factory=BalanceSettings)
     """How the fleet is kept balanced (docs/DESIGN.md §4.3); None: never rebalanced
     (``BALANCE_ROUND_SECONDS=0``)."""
@@ -85,6 +89,9 @@ class WorkerConfig:
         sqs_wait = _int(env, SQS_WAIT_SECONDS, 10)
         if not 0 <= sqs_wait <= 20:
             raise ConfigError(f"{SQS_WAIT_SECONDS} must be 0..20 (SQS long-poll limit)")
+        secret_cache = _opt_float(env, SECRET_CACHE_SECONDS)
+        if secret_cache is not None and not 0 <= secret_cache <= 86400:
+            raise ConfigError(f"{SECRET_CACHE_SECONDS} must be from 0 to 86400, got {secret_cache}")
         return cls(
             table_name=_required(env, TABLE_NAME),
             queue_url=_required(env, QUEUE_URL),
@@ -104,6 +111,7 @@ class WorkerConfig:
             max_message_bytes=_int(env, MAX_MESSAGE_BYTES, 1 << 20),
             upstream_fail_after=_positive_float(env, UPSTREAM_FAIL_AFTER_SECONDS, 600.0),
             log_level=(env.get(LOG_LEVEL) or "INFO").upper(),
+            secret_cache_seconds=300.0 if secret_cache is None else secret_cache,
             balance=balance_from_env(env),
         )
 

@@ -21,27 +21,49 @@ ends it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidStatus
 
 from worker.connection_state import Call, ConnectionState, Ending, Failure, Frame
+from worker.credentials import NO_CREDENTIALS, Credentials, SecretCache, SecretError
 from worker.delivery import Delivery, Handler
 from worker.metrics import FleetMetrics
 from worker.upstream_failures import FailingClock, Verdict, describe
 from worker.upstream_health import UpstreamHealth
-from worker.upstream_protocol import Message, Reply, Unreadable, UpstreamProtocol
+from worker.upstream_protocol import (
+    Message,
+    Reply,
+    Unreadable,
+    UpstreamProtocol,
+    is_resumable,
+    open_frames,
+    protocol_for,
+    with_query,
+)
 from wsfleet import metric_names as m
 from wsfleet.backoff import backoff_delays
 from wsfleet.checkpoint_page import BACKING_OFF, CONNECTING, STREAMING, PageEntry
 from wsfleet.lease_rules import Lease
 from wsfleet.lease_store import LeaseStore, Released
+from wsfleet.protocol_specs import InvalidProtocolError
 from wsfleet.timing import LeaseTiming
 
 log = logging.getLogger(__name__)
+
+AUTH_REFUSALS = frozenset((401, 403))
+"""Handshake answers that read the connection's secret again and retry at once."""
+
+_handshake_log = logging.getLogger("worker.upstream.handshake")
+# websockets logs a handshake's headers at DEBUG: a connection with credentials logs
+# through this logger, which never goes below INFO whatever LOG_LEVEL says.
+_handshake_log.setLevel(logging.INFO)
 
 TASK_STOP_SECONDS = 2.0
 """How long a cancelled reader may take to finish (an upstream close
@@ -84,6 +106,9 @@ class ConnectionSettings:
     fail_after: float = 600.0
     """Seconds of failed attempts with no message handled before a connection is
     parked (``UPSTREAM_FAIL_AFTER_SECONDS``)."""
+    secrets: SecretCache | None = None
+    """Where connections that name a secret read their credentials (None: such a
+    connection cannot connect)."""
 
 
 class ConnectionRunner:
@@ -115,6 +140,19 @@ class ConnectionRunner:
         """Set with the ``PARKED`` ending: what the park write records."""
         self._left_because: str | None = None
         """Why the reader left the current upstream connection itself, if it did."""
+        self._protocol_error: str | None = None
+        try:
+            self.protocol = protocol_for(lease.protocol, settings.protocol)
+        except InvalidProtocolError as error:
+            self.protocol = settings.protocol
+            self._protocol_error = str(error)
+        self._resumable = is_resumable(self.protocol)
+        self._gap_open = False
+        """A stream that cannot resume has (re)connected: its first delivery measures
+        the gap since the previous one."""
+        self._gap_from: float | None = None
+        """Loop time of this hold's last delivery before the current upstream
+        connection (None: none in this hold; the lease's ``advanced_at_ms`` then)."""
 
     @property
     def connection_id(self) -> str:
@@ -323,8 +361,15 @@ class ConnectionRunner:
                         s.wall_ms(),
                     )
                 else:
+                    # A stream that cannot resume leaves when it last moved, for the
+                    # next owner's gap.
+                    advanced = None if self._resumable else self._advanced_at_ms()
+                    extra: dict[str, Any] = {} if advanced is None else {"advanced_at_ms": advanced}
                     released = await loop.run_in_executor(
-                        None, s.store.release, self.lease, self.checkpoint, s.wall_ms()
+                        None,
+                        functools.partial(
+                            s.store.release, self.lease, self.checkpoint, s.wall_ms(), **extra
+                        ),
                     )
             except Exception as error:
                 delay = next(delays)
@@ -354,21 +399,26 @@ class ConnectionRunner:
         s = self._s
         delays = backoff_delays(initial=0.25, maximum=30.0, rng=s.rng.random)
         health = self.health
+        if self._protocol_error is not None:
+            log.warning(
+                "stored protocol does not validate: parking the connection",
+                extra={"connection_id": self.connection_id, "reason": self._protocol_error},
+            )
+            self.parked_reason = f"invalid protocol: {self._protocol_error}"
+            self._end(Ending.PARKED)
+            return
         while not self._stop_requested():
-            url = s.protocol.resume_url(self.lease.ws_url, self.checkpoint)
+            url = self.protocol.resume_url(self.lease.ws_url, self.checkpoint)
             delivered_before = self.checkpoint
             failure: Exception | None = None
             self._left_because = None
             health.status = CONNECTING
             try:
-                async with connect(
-                    url,
-                    open_timeout=s.open_timeout,
-                    ping_interval=s.ping_interval,
-                    ping_timeout=s.ping_interval,
-                    close_timeout=1.0,
-                    max_size=s.max_message_bytes,
-                ) as ws:
+                ws, frames = await self._open(url)
+                async with ws:
+                    # Before anything is read: a subscribe that the upstream waits for.
+                    for frame in frames:
+                        await ws.send(frame)
                     health.status = STREAMING
                     log.info(
                         "upstream connected",
@@ -377,6 +427,8 @@ class ConnectionRunner:
                             "from_seq": self.checkpoint + 1,
                         },
                     )
+                    if not self._resumable:
+                        self._gap_open, self._gap_from = True, self._advanced_at
                     async for data in ws:
                         if not await self._on_frame(ws, data):
                             break
@@ -384,7 +436,10 @@ class ConnectionRunner:
                 failure = error
                 log.warning(
                     "upstream connection failed",
-                    extra={"connection_id": self.connection_id, "error": repr(error)},
+                    extra={
+                        "connection_id": self.connection_id,
+                        **_failure_fields(error, with_secret=self.lease.auth_secret is not None),
+                    },
                 )
             if self._stop_requested():
                 return
@@ -416,6 +471,90 @@ class ConnectionRunner:
                 delay = min(delay, max(park_in, 0.05))
             await asyncio.sleep(delay)
 
+    async def _open(self, url: str) -> tuple[ClientConnection, list[str]]:
+        """Connect to ``url`` with the connection's credentials (from its secret, when
+        it names one: headers in the handshake, query parameters in this attempt's
+        URL only) and make the frames to send first. A handshake refused with 401 or
+        403 reads the secret again and tries once more at once; refused again, the
+        refusal stands (a permanent one, which parks)."""
+        reference = self.lease.auth_secret
+        credentials = await self._credentials(reference)
+        try:
+            return await self._connect(url, credentials)
+        except InvalidStatus as refused:
+            status = refused.response.status_code
+            if reference is None or self._s.secrets is None or status not in AUTH_REFUSALS:
+                raise
+            log.warning(
+                "upstream refused the credentials; reading the secret again",
+                extra={"connection_id": self.connection_id, "secret": reference, "status": status},
+            )
+            self._s.secrets.invalidate(reference, credentials)
+            credentials = await self._credentials(reference)
+            return await self._connect(url, credentials)
+
+    async def _credentials(self, reference: str | None) -> Credentials:
+        if reference is None:
+            return NO_CREDENTIALS
+        if self._s.secrets is None:
+            raise SecretError(reference, "no secret store configured")
+        try:
+            async with asyncio.timeout(self._s.open_timeout):
+                return await self._s.secrets.get(reference)
+        except SecretError as error:
+            log.warning(
+                "secret not usable",
+                extra={
+                    "connection_id": self.connection_id,
+                    "secret": reference,
+                    "reason": error.reason,
+                },
+            )
+            raise
+
+    async def _connect(
+        self, url: str, credentials: Credentials
+    ) -> tuple[ClientConnection, list[str]]:
+        s = self._s
+        frames = open_frames(self.protocol, self.checkpoint, credentials.fields)
+        ws = await connect(
+            with_query(url, credentials.query),
+            additional_headers=dict(credentials.headers) or None,
+            open_timeout=s.open_timeout,
+            ping_interval=s.ping_interval,
+            ping_timeout=s.ping_interval,
+            close_timeout=1.0,
+            max_size=s.max_message_bytes,
+            logger=None if credentials is NO_CREDENTIALS else _handshake_log,
+        )
+        return ws, frames
+
+    def _measure_gap(self) -> None:
+        """The first delivery of a stream that cannot resume after it (re)connected:
+        what was sent since the previous delivery (this hold's, or the previous
+        owner's) is lost; the time between the two is the gap."""
+        self._gap_open = False
+        s = self._s
+        if self._gap_from is not None and self._advanced_at is not None:
+            gap_ms = (self._advanced_at - self._gap_from) * 1000
+        elif self.lease.advanced_at_ms is not None:
+            gap_ms = s.wall_ms() - self.lease.advanced_at_ms
+        else:
+            return  # nothing delivered before: nothing to miss
+        gap_ms = max(0, round(gap_ms))
+        s.metrics.upstream_gap(gap_ms)
+        log.info(
+            "stream cannot resume: gap since the previous delivery",
+            extra={"connection_id": self.connection_id, "gap_ms": gap_ms},
+        )
+
+    def _advanced_at_ms(self) -> int | None:
+        """Wall-clock ms of this hold's last checkpoint advance (None: none)."""
+        advanced = self._advanced_at
+        if advanced is None:
+            return None
+        return self._s.wall_ms() - round((self._now() - advanced) * 1000)
+
     async def _mark_failing(self) -> None:
         """Write when the failing streak began (once per streak): the next owner goes on
         from there. A write that fails is tried again at the next failed attempt."""
@@ -446,7 +585,7 @@ class ConnectionRunner:
 
     async def _on_frame(self, ws: ClientConnection, data: str | bytes) -> bool:
         """Act on one frame; False means: leave this upstream connection."""
-        frame = self._s.protocol.decode(data)
+        frame = self.protocol.decode(data)
         if isinstance(frame, Reply):
             await ws.send(frame.data)
             return True
@@ -460,6 +599,8 @@ class ConnectionRunner:
         if verdict is Frame.DUPLICATE:
             return True
         if verdict is Frame.GAP:
+            if not self._resumable:
+                return await self._deliver(frame)  # nothing to resume: go on from here
             self._left_because = "gap in upstream seqs"
             log.warning(
                 "gap in upstream seqs; reconnecting to resume",
@@ -494,6 +635,8 @@ class ConnectionRunner:
                 state.call_returned(message.seq)
                 self._advanced_at = loop.time()
                 s.metrics.count(m.MESSAGES_PROCESSED)
+                if self._gap_open:
+                    self._measure_gap()
                 if self.failing.message_handled():
                     await self._clear_failing()
                 return True
@@ -556,3 +699,12 @@ class ConnectionRunner:
 
 class DeadlineReachedError(Exception):
     """The handler call was cut by its deadline."""
+
+
+def _failure_fields(error: Exception, *, with_secret: bool) -> dict[str, str]:
+    """How a failed upstream connection is logged: the error's repr, or, for a
+    connection with credentials (whose URL may carry some, and an exception's text may
+    quote the URL), its short description and class only."""
+    if with_secret:
+        return {"error": describe(error), "error_class": type(error).__name__}
+    return {"error": repr(error)}

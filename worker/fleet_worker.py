@@ -20,6 +20,7 @@ from worker.capacity import Capacity
 from worker.config import WorkerConfig
 from worker.connection import ConnectionRunner, ConnectionSettings, Outcome
 from worker.connection_state import Ending
+from worker.credentials import SecretCache
 from worker.delivery import Handler
 from worker.metrics import FleetMetrics
 from worker.reconciler import Reconciler
@@ -74,6 +75,8 @@ class WorkerDeps:
     protocol: UpstreamProtocol
     wall_ms: Callable[[], int] = wall_clock_ms
     rng: random.Random | None = None
+    secrets: SecretCache | None = None
+    """Where connections that name a secret read it (None: they cannot connect)."""
 
 
 class Worker:
@@ -122,6 +125,7 @@ class Worker:
             ping_interval=config.ping_interval,
             max_message_bytes=config.max_message_bytes,
             fail_after=config.upstream_fail_after,
+            secrets=deps.secrets,
         )
         self.balancer = Balancer(
             self,
@@ -323,6 +327,7 @@ class Worker:
                 "last_seq": result.last_seq,
                 "takeover_latency_ms": result.takeover_latency_ms,
                 "failing_since_ms": result.failing_since_ms,
+                "secret": result.auth_secret,
             },
         )
         runner = ConnectionRunner(self._settings, result, self._deadline)
