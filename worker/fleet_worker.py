@@ -17,6 +17,7 @@ from worker import health
 from worker.acquire_result import AcquireResult
 from worker.capacity import Capacity
 from worker.config import WorkerConfig
+from worker.connect_pacing import ConnectPacer
 from worker.connection import ConnectionRunner, ConnectionSettings, Outcome
 from worker.connection_state import Ending
 from worker.delivery import Handler
@@ -118,6 +119,9 @@ class Worker:
             ping_interval=config.ping_interval,
             max_message_bytes=config.max_message_bytes,
             fail_after=config.upstream_fail_after,
+            pacer=ConnectPacer(
+                config.upstream_connect_burst, config.upstream_connects_per_second, rng=rng
+            ),
         )
         self.queue = StartQueue(deps.sqs, config.queue_url, wait_seconds=config.sqs_wait_seconds)
         self.consumer = StartConsumer(
