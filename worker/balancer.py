@@ -45,6 +45,9 @@ from wsfleet.session_store import SessionStore
 
 log = logging.getLogger(__name__)
 
+OFFER_ATTEMPTS = 3
+"""Tries of one offer write before the connections go to ``reassign`` hints instead."""
+
 
 class BalanceOwner(Protocol):
     """What the balancer needs of the worker."""
@@ -252,13 +255,20 @@ class Balancer:
             session_rules.notice_token(cid, kind, now_ms, secrets.token_hex(4)) for cid in released
         ]
         loop = asyncio.get_running_loop()
-        try:
-            offered = await loop.run_in_executor(
-                None, self._sessions.offer, worker_id, int(gen), tokens
-            )
-        except Exception as error:
-            log.warning("offer failed", extra={"receiver": receiver, "error": repr(error)})
-            offered = False
+        offered = False
+        # An offer is an ADD to a string set: sending it again after an error whose
+        # outcome is unknown (a timeout) is harmless, and saves a detour by hints.
+        for attempt in range(1, OFFER_ATTEMPTS + 1):
+            try:
+                offered = await loop.run_in_executor(
+                    None, self._sessions.offer, worker_id, int(gen), tokens
+                )
+                break
+            except Exception as error:
+                log.warning(
+                    "offer failed",
+                    extra={"receiver": receiver, "attempt": attempt, "error": repr(error)},
+                )
         if not offered:
             # The receiver is gone: the connections wait in the unowned index; a hint
             # brings them to someone with room sooner than a sweep would.

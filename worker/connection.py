@@ -25,12 +25,13 @@ import functools
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
+from worker.connect_pacing import ConnectPacer
 from worker.connection_state import Call, ConnectionState, Ending, Failure, Frame
 from worker.credentials import NO_CREDENTIALS, Credentials, SecretCache, SecretError
 from worker.delivery import Delivery, Handler
@@ -109,6 +110,9 @@ class ConnectionSettings:
     secrets: SecretCache | None = None
     """Where connections that name a secret read their credentials (None: such a
     connection cannot connect)."""
+    pacer: ConnectPacer = field(default_factory=ConnectPacer)
+    """Paces every connect attempt per upstream host (``UPSTREAM_CONNECT_BURST``,
+    ``UPSTREAM_CONNECTS_PER_SECOND``); the default paces nothing."""
 
 
 class ConnectionRunner:
@@ -413,6 +417,7 @@ class ConnectionRunner:
             failure: Exception | None = None
             self._left_because = None
             health.status = CONNECTING
+            await s.pacer.wait(url)  # cancelled by a stop like every other wait here
             try:
                 ws, frames = await self._open(url)
                 async with ws:
@@ -491,6 +496,7 @@ class ConnectionRunner:
             )
             self._s.secrets.invalidate(reference, credentials)
             credentials = await self._credentials(reference)
+            await self._s.pacer.wait(url)  # a mass rotation must not burst either
             return await self._connect(url, credentials)
 
     async def _credentials(self, reference: str | None) -> Credentials:

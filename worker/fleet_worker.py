@@ -18,6 +18,7 @@ from worker.acquire_result import AcquireResult
 from worker.balancer import Balancer
 from worker.capacity import Capacity
 from worker.config import WorkerConfig
+from worker.connect_pacing import ConnectPacer
 from worker.connection import ConnectionRunner, ConnectionSettings, Outcome
 from worker.connection_state import Ending
 from worker.credentials import SecretCache
@@ -126,6 +127,9 @@ class Worker:
             max_message_bytes=config.max_message_bytes,
             fail_after=config.upstream_fail_after,
             secrets=deps.secrets,
+            pacer=ConnectPacer(
+                config.upstream_connect_burst, config.upstream_connects_per_second, rng=rng
+            ),
         )
         self.balancer = Balancer(
             self,
