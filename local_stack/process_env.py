@@ -38,8 +38,6 @@ _ENDPOINT_PREFIX: Final = "AWS_ENDPOINT_URL_"
 LOCAL_UPSTREAM_HOSTS: Final = f"{LOOPBACK},localhost"
 #: The secrets local connections may name (``auth``): the demo one and any a test makes.
 LOCAL_SECRET_PREFIX: Final = "websocket-fleet/"
-ALLOWED_SECRET_PREFIX: Final = "ALLOWED_SECRET_PREFIX"
-"""The router setting that admits secret references under a prefix."""
 SECRETS_MANAGER_ENDPOINT: Final = "AWS_ENDPOINT_URL_SECRETS_MANAGER"
 
 
@@ -130,7 +128,7 @@ def local_router_settings(
         router_settings.QUEUE_URL: queue_url,
         router_settings.ALLOWED_UPSTREAM_HOSTS: allowed_hosts,
         router_settings.ALLOW_INSECURE_WS: "true",
-        ALLOWED_SECRET_PREFIX: LOCAL_SECRET_PREFIX,
+        router_settings.ALLOWED_SECRET_PREFIX: LOCAL_SECRET_PREFIX,
     }
 
 

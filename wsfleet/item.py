@@ -84,10 +84,11 @@ class ConnectionItem:
     parked_at_ms: int | None = None
     failing_since_ms: int | None = None
     protocol: str | None = None
-    """The protocol spec as stored (:mod:`wsfleet.protocol_specs`); None: the worker's
-    default protocol."""
+    """The protocol spec as stored (compact JSON, :mod:`wsfleet.protocol_specs`);
+    None: the worker's default protocol."""
     auth_secret: str | None = None
-    """The secret reference (:mod:`wsfleet.secret_refs`), never a secret's value."""
+    """The secret reference credentials are read from at connect time (never a
+    value, :mod:`wsfleet.secret_refs`); None: no credentials."""
     advanced_at_ms: int | None = None
     advanced_start_gen: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)

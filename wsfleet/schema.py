@@ -91,9 +91,9 @@ LEASE_TOKEN: Final = "lease_token"
 LAST_SEQ: Final = "last_seq"
 START_GEN: Final = "start_gen"
 SEQ_GEN: Final = "seq_gen"
-"""+1 whenever the router resets ``last_seq`` (a restart with a new URL): a final
-checkpoint is written only while it is unchanged, so it survives a restart with the
-same URL and never overwrites the reset of a new one."""
+"""+1 whenever the router resets ``last_seq`` (a restart with a new URL or a new
+protocol): a final checkpoint is written only while it is unchanged, so it survives a
+restart of the same stream and never overwrites the reset of a new one."""
 CREATED_AT_MS: Final = "created_at_ms"
 UPDATED_AT_MS: Final = "updated_at_ms"
 EXPIRES_AT: Final = "expires_at"
