@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lambdas.router.settings import ALLOWED_SECRET_PREFIX
 from local_stack import feed, services
 from local_stack.process_env import (
-    ALLOWED_SECRET_PREFIX,
     LOCAL_SECRET_PREFIX,
     Endpoints,
     local_aws_settings,
