@@ -25,8 +25,9 @@ until SIGTERM or SIGINT, then exits 0.
 
   ``sequence`` counts per URL path (``ws://HOST:PORT/<path>``). Trade n of a path is
   the same on every connection subscribed to the same symbols: its symbol, price and
-  size follow from the path and n, its ``ts`` from the feed's start and n. A client
-  that resumes with ``from_sequence`` gets exactly the trades it missed.
+  size follow from the path and n, its ``ts`` from n and the time the path was first
+  subscribed to (trade n is ``(n - 1) / rate`` seconds after trade 1). A client that
+  resumes with ``from_sequence`` gets exactly the trades it missed.
 
 Neither the key nor the token is ever logged.
 """
@@ -102,10 +103,13 @@ class FakeMarketFeed:
         self.rate = rate
         self._api_key = api_key
         self._token = token
-        self.started_ms = now_ms()
+        self._first_ts: dict[str, int] = {}
+        """Per path, the ``ts`` of trade 1."""
 
     def message(self, path: str, sequence: int, symbols: Sequence[str]) -> dict[str, Any]:
-        ts = self.started_ms + round((sequence - 1) * 1000 / self.rate)
+        if path not in self._first_ts:  # the first subscription: its first trade is now
+            self._first_ts[path] = now_ms() - round((sequence - 1) * 1000 / self.rate)
+        ts = self._first_ts[path] + round((sequence - 1) * 1000 / self.rate)
         data = {**trade(path, sequence, symbols), "ts": ts}
         return {"type": "trade", "channel": "trades", "sequence": sequence, "data": data}
 

@@ -44,6 +44,7 @@ class TradeHandler:
     def __init__(self, record_file: Path | None = None) -> None:
         self._record_fd: int | None = None
         if record_file is not None:
+            record_file.parent.mkdir(parents=True, exist_ok=True)
             self._record_fd = os.open(record_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     async def handle(self, delivery: Delivery) -> None:
