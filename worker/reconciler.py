@@ -12,9 +12,10 @@
    worker runs, and release the difference (an acquire whose reply was lost must not
    leave a connection held by a live session and run by nobody); an entry stopped or
    started again under a runner that got no notice of it is read and acted on.
-3. **Free connections.** Query two shards of the sparse ``unowned`` index (all of
-   them every four passes; every one of them while another worker drains) and try to
-   acquire what they hold, in random order, up to the worker's free capacity.
+3. **Free connections.** Query two shards of the sparse ``unowned`` index in rotation (every one
+   of them while another worker drains) and try to acquire what they hold, in random
+   order, up to the worker's room; with balancing on, only what an earlier scan
+   already saw free two heartbeats ago (:mod:`worker.free_sightings`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Protocol, TypeVar
 from worker.acquire_result import AcquireResult
 from worker.balancer import Balancer
 from worker.capacity import Capacity
+from worker.free_sightings import FreeSightings
 from worker.metrics import FleetMetrics
 from wsfleet import metric_names as m
 from wsfleet import schema, session_rules
@@ -102,6 +104,9 @@ class Reconciler:
         self._rng = rng
         self._dead: dict[tuple[str, int], _DeadSession] = {}
         self._next_shard = rng.randrange(schema.UNOWNED_SHARDS)
+        # With balancing on, offers and hints get the first claim on a freed connection.
+        grace = 2 * store.timing.heartbeat if balancer.enabled else 0.0
+        self._sightings = FreeSightings(grace)
 
     async def run(self) -> None:
         interval = self._store.timing.reconcile
@@ -260,7 +265,9 @@ class Reconciler:
             self._next_shard = (self._next_shard + UNOWNED_SHARDS_PER_PASS) % len(shards)
         limit = min(MAX_FREE_PER_PASS, 2 * free + 8)
         found = await self._call(self._store.find_unowned, picked, limit)
-        free_ids = [cid for cid in found if not self._owner.holds(cid)]
+        now = asyncio.get_running_loop().time()
+        ready = self._sightings.scanned(picked, found, now)
+        free_ids = [cid for cid in ready if not self._owner.holds(cid)]
         if not free_ids:
             return []
         self._metrics.count(m.ORPHANS_FOUND, len(free_ids))
