@@ -42,6 +42,7 @@ Nothing is asserted: the targets are printed beside the figures.
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import itertools
 import json
@@ -101,6 +102,7 @@ LAG_LIMIT_S: Final = 0.5
 """Delivery lag p99 above this in a phase: the feed or the workers fell behind."""
 FENCE_PAUSE: Final = "session fence deadline passed: pausing"
 UPSTREAM_FAILED: Final = "upstream connection failed"
+UPSTREAM_CONNECTED: Final = "upstream connected"
 START_THREADS: Final = 4
 """Parallel ``POST /connections`` calls while starting connections."""
 START_ATTEMPTS: Final = 5
@@ -176,22 +178,35 @@ def move_gap(
 def schedule_lags(
     deliveries: Iterable[tuple[float, int, int]], rate: float
 ) -> list[tuple[float, float]]:
-    """``(t, lag)`` for each delivery ``(t, epoch, seq)`` of one connection: how late it
-    came against its stream's schedule. Each owner (epoch) opens its own stream, on
-    which the feed sends seq ``s`` at ``(s - from_seq) / rate`` after it opened and
-    catches up when it falls behind; the delivery that came earliest against that
-    schedule stands for it, so the lag is ``t - s / rate`` less its smallest value
-    under the epoch. A reconnect within an epoch also shows as lag."""
+    """``(t, lag)`` for each delivery ``(t, stream, seq)`` of one connection: how late it
+    came against its stream's schedule. ``stream`` tells the upstream streams apart
+    (each owner, and each reconnect, opens a new one). On a stream the feed sends seq
+    ``s`` at ``(s - from_seq) / rate`` after it opened and catches up when it falls
+    behind; the delivery that came earliest against that schedule stands for it, so
+    the lag is ``t - s / rate`` less its smallest value on the stream."""
     if rate <= 0:
         raise ValueError(f"rate must be > 0, not {rate}")
-    by_epoch: dict[int, list[tuple[float, int]]] = defaultdict(list)
-    for t, epoch, seq in deliveries:
-        by_epoch[epoch].append((t, seq))
+    by_stream: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for t, stream, seq in deliveries:
+        by_stream[stream].append((t, seq))
     lags: list[tuple[float, float]] = []
-    for rows in by_epoch.values():
+    for rows in by_stream.values():
         base = min(t - seq / rate for t, seq in rows)
         lags.extend((t, t - seq / rate - base) for t, seq in rows)
     return lags
+
+
+def streams(
+    deliveries: Iterable[tuple[float, int, int]], connects: Sequence[float]
+) -> list[tuple[float, int, int]]:
+    """``(t, stream, seq)`` for deliveries ``(t, epoch, seq)`` of one connection, given
+    the times its upstream was opened (``connects``, sorted): a delivery belongs to the
+    stream opened last before it (and to its epoch: a new owner opens a new stream)."""
+    numbered = []
+    for t, epoch, seq in deliveries:
+        opened = bisect.bisect_right(connects, t)
+        numbered.append((t, epoch * (len(connects) + 1) + opened, seq))
+    return numbered
 
 
 def emf_values(event: Mapping[str, Any], metric: str) -> float:
@@ -438,9 +453,12 @@ def load_report(
     their connections paused at the session's fence deadline (a renew that did not
     land in time) and their failed upstream connections, the machine's CPU use and its
     load average at the end; ``behind`` when the lag's p99 passes :data:`LAG_LIMIT_S`."""
+    connects: dict[str, list[float]] = defaultdict(list)
+    for t, _, e in log_times(workers, UPSTREAM_CONNECTED, lambda e: True):
+        connects[str(e.get("connection_id"))].append(t)
     lags: dict[str, array[float]] = {p.name: array("d") for p in phases}
     for cid in connection_ids:
-        for t, lag in schedule_lags(log.timed(cid), rate):
+        for t, lag in schedule_lags(streams(log.timed(cid), connects[cid]), rate):
             for phase in phases:
                 if phase.end is not None and phase.start <= t < phase.end:
                     lags[phase.name].append(lag)
