@@ -94,6 +94,10 @@ class Worker:
         self._handing_off: dict[str, asyncio.Future[bool]] = {}
         """Connections being handed off: whether their release landed."""
         self._released: dict[str, float] = {}
+        self._doubt = False
+        """A write whose outcome is unknown (an acquire or takeover that raised, a
+        release that never got an answer): the next reconcile pass lists this session's
+        own entries instead of waiting for its turn."""
         self._closing = False
         self._session_gen = 0
         self._deadline = 0.0
@@ -213,6 +217,10 @@ class Worker:
         released = self._released.get(connection_id)
         return released is not None and time.monotonic() - released < RELEASED_RECENTLY_SECONDS
 
+    def take_doubt(self) -> bool:
+        doubt, self._doubt = self._doubt, False
+        return doubt
+
     def _session_ready(self) -> bool:
         """A session is open and was renewed recently enough to take work under it."""
         now = asyncio.get_running_loop().time()
@@ -300,6 +308,7 @@ class Worker:
         try:
             result = await loop.run_in_executor(None, attempt)
         except BaseException:
+            self._doubt = True
             await self.capacity.release()
             raise
         return await self._run_taken(connection_id, result)
@@ -396,6 +405,7 @@ class Worker:
             except BaseException:
                 # Unknown outcome: whatever landed is owned by this session and run by
                 # nobody; the next reconcile releases it as a stray.
+                self._doubt = True
                 for _ in chunk:
                     await self.capacity.release()
                 raise
@@ -424,6 +434,8 @@ class Worker:
         finally:
             del self._runners[connection_id]
             self._released[connection_id] = time.monotonic()
+            if outcome is None or (outcome.ending.releases and not outcome.released):
+                self._doubt = True
             await self.capacity.release()
             handing_off = self._handing_off.get(connection_id)
             if handing_off is not None and not handing_off.done():
