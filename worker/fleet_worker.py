@@ -138,6 +138,7 @@ class Worker:
             metrics=self.metrics,
             wall_ms=deps.wall_ms,
             rng=rng,
+            settle=2 * config.timing.heartbeat + 1.0,
         )
         self.queue = StartQueue(deps.sqs, config.queue_url, wait_seconds=config.sqs_wait_seconds)
         self.consumer = StartConsumer(
@@ -511,7 +512,7 @@ class Worker:
                 loop,
                 SessionEvents(self._renewed, self._renew_failed, self._reaped),
                 wall_ms=self._wall_ms,
-                connections=lambda: len(self._runners),
+                connections=self.balancer.published_connections,
                 capacity=self._published_capacity,
                 first_renew_at=sent_at + timing.heartbeat,
             )
