@@ -101,6 +101,15 @@ def fleet_rows(f: MonitoredFleet) -> list[Row]:
                 right=[f.worker(m.CONNECTIONS_MOVED, label="connections moved")],
                 width=12,
             ),
+            graph(
+                "Streams that cannot resume: time lost per move or reconnect (ms)",
+                [
+                    f.worker(m.UPSTREAM_GAP_MS, statistic="p99", label="gap p99"),
+                    f.worker(m.UPSTREAM_GAP_MS, statistic=cw.Stats.MAXIMUM, label="gap max"),
+                ],
+                right=[f.worker(m.UPSTREAM_GAPS, label="gaps")],
+                width=12,
+            ),
         ],
     ]
 

@@ -363,3 +363,19 @@ def test_dashboard_shows_the_balance_of_the_fleet(synth: Synthesized) -> None:
         m.UPSTREAM_RECONNECTS,
         m.CONNECTIONS_FAILED,
     }
+
+
+def test_dashboard_shows_what_streams_that_cannot_resume_lose(synth: Synthesized) -> None:
+    """live and json-field without resume lose what is sent during a move: the gap
+    they measure is on the dashboard, its p99 and max beside how many there were."""
+    graphs = {
+        w["properties"]["title"]: w["properties"]["metrics"]
+        for w in _dashboard_widgets(synth)
+        if w["type"] == "metric"
+    }
+    gaps = graphs["Streams that cannot resume: time lost per move or reconnect (ms)"]
+    named = [line[1] for line in gaps if len(line) > 1]
+    assert named.count(m.UPSTREAM_GAP_MS) == 2
+    assert m.UPSTREAM_GAPS in named
+    stats = {line[-1].get("stat") for line in gaps if isinstance(line[-1], dict)}
+    assert {"p99", "Maximum"} <= stats
