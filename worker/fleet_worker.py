@@ -20,7 +20,7 @@ from worker.capacity import Capacity
 from worker.config import WorkerConfig
 from worker.connection import ConnectionRunner, ConnectionSettings, Outcome
 from worker.connection_state import Ending
-from worker.delivery import Handler
+from worker.delivery import AnyHandler
 from worker.metrics import FleetMetrics
 from worker.reconciler import Reconciler
 from worker.session import SessionEvents, SessionKeeper
@@ -70,7 +70,7 @@ class WorkerDeps:
     renewals: SessionStore
     """The session renew's own store: its own client, one short attempt per request."""
     sqs: SQSClient
-    handler: Handler
+    handler: AnyHandler
     protocol: UpstreamProtocol
     wall_ms: Callable[[], int] = wall_clock_ms
     rng: random.Random | None = None

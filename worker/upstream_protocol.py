@@ -9,6 +9,7 @@ with the same object typed ``pong``. Other protocols plug in as ``module:factory
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -38,6 +39,10 @@ class Unreadable:
 
 Frame = Message | Reply | Unreadable
 
+Read = tuple[int, Any] | Message | Reply | Unreadable
+"""What the runner takes from a protocol: :meth:`JsonSeqProtocol.read` gives a message
+as ``(seq, payload)``, a plug-in's ``decode`` as a :class:`Message`."""
+
 
 @runtime_checkable
 class UpstreamProtocol(Protocol):
@@ -59,18 +64,32 @@ class JsonSeqProtocol:
         return urlunsplit(parts._replace(query=urlencode(query)))
 
     def decode(self, data: str | bytes) -> Frame:
+        frame = self.read(data)
+        return Message(*frame) if isinstance(frame, tuple) else frame
+
+    def read(self, data: str | bytes) -> tuple[int, Any] | Reply | Unreadable:
+        """:meth:`decode` with a message as ``(seq, payload)``: the runner's per-message
+        path, one object less per message."""
         try:
             obj = json.loads(data)
         except (ValueError, UnicodeDecodeError):
             return Unreadable("not JSON")
-        if not isinstance(obj, dict):
+        if type(obj) is not dict:
             return Unreadable("not a JSON object")
         if obj.get("type") == "ping":
             return Reply(json.dumps({**obj, "type": "pong"}, separators=(",", ":")))
         seq = obj.get("seq")
-        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+        # JSON numbers decode to int, float or bool, never to another int subclass.
+        if type(seq) is not int or seq < 1:
             return Unreadable("no integer seq >= 1")
-        return Message(seq, obj)
+        return seq, obj
+
+
+def reader(protocol: UpstreamProtocol) -> Callable[[str | bytes], Read]:
+    """The protocol's ``read`` when it has one (the built-in protocol), else its
+    ``decode``."""
+    read = getattr(protocol, "read", None)
+    return read if callable(read) else protocol.decode
 
 
 def load_protocol(spec: str) -> UpstreamProtocol:

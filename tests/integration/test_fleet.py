@@ -109,6 +109,39 @@ def test_sigterm_hands_off_within_a_second_without_gap_or_duplicate(fleet):
     assert {cid: duplicates.get(cid, 0) for cid in theirs} == dict.fromkeys(theirs, 0)
 
 
+def test_a_batch_handler_gets_every_seq_once_in_order_across_a_graceful_handoff(fleet):
+    """``handle_batch`` instead of ``handle``: calls slow enough that frames pile up,
+    so batches hold several messages; a SIGTERM hands the connections over with the
+    final checkpoint, and each connection's records are every seq once, in order."""
+    batch_handler = {
+        "HANDLER": "local_stack.recording:batch_factory",
+        "RECORD_DELAY_SECONDS": "0.2",
+    }
+    procs = [fleet.start_worker("b", **batch_handler) for _ in range(2)]
+    ids = [f"batch-{i}" for i in range(4)]
+    for cid in ids:
+        fleet.start_connection(cid)
+    fleet.wait_handling(ids, scaled(15))
+    victim, theirs = busiest(fleet, procs, ids)
+    victim.signal(signal.SIGTERM)
+    assert victim.wait(timeout=scaled(15)) == 0
+    keep_flowing(fleet, ids)
+    assert {r.worker for r in fleet.records() if r.connection_id in theirs} >= {victim.worker_id}
+    assert_clean_audit(fleet)
+    records = sorted(fleet.records(), key=lambda r: r.t)
+    for cid in ids:
+        seqs = [r.seq for r in records if r.connection_id == cid]
+        assert seqs == list(range(1, len(seqs) + 1)), cid
+        moved = {r.worker for r in records if r.connection_id == cid}
+        assert len(moved) == (2 if cid in theirs else 1), (cid, moved)
+    sizes = [
+        json.loads(line)["batch"]
+        for path in fleet.record_dir.glob("*.jsonl")
+        for line in path.read_text().splitlines()
+    ]
+    assert max(sizes) > 1
+
+
 def test_paused_worker_handles_nothing_for_connections_it_lost(fleet):
     procs, ids = start_fleet(fleet, 3, 6, "pause")
     victim, theirs = busiest(fleet, procs, ids)
