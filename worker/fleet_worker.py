@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from worker import health
+from worker import health, loop_watch
 from worker.acquire_result import AcquireResult
 from worker.balancer import Balancer
 from worker.capacity import Capacity
@@ -682,6 +682,7 @@ class Worker:
             asyncio.create_task(self.reconciler.run(), name="reconciler"),
             asyncio.create_task(self._write_pages(), name="pages"),
             asyncio.create_task(self._flush_metrics(), name="metrics"),
+            asyncio.create_task(loop_watch.probe_lag(self.metrics), name="loop-lag"),
         ]
         done, _ = await asyncio.wait([stopped, *loops], return_when=asyncio.FIRST_COMPLETED)
         for task in done - {stopped}:
@@ -785,6 +786,7 @@ class Worker:
     def _flush_and_log(self) -> None:
         lateness = self.metrics.lateness_summary()
         session = self.metrics.session_summary()
+        loop_figures = self.metrics.loop_summary()
         counts = self.metrics.snapshot()
         try:
             self.metrics.flush(self._wall_ms())
@@ -800,6 +802,7 @@ class Worker:
                 "session_gen": self._session_gen,
                 "renew_lateness": lateness,
                 "session_renews": session,
+                "loop": loop_figures,
             },
         )
 
