@@ -513,6 +513,7 @@ class ConnectionRunner:
         batch before it (and then this upstream connection)."""
         s = self._s
         state = self.state
+        loop = self._loop
         read = reader(s.protocol)
         connection_id, epoch, worker_id = self.connection_id, self.lease.epoch, s.worker_id
         task = asyncio.current_task()
@@ -541,8 +542,19 @@ class ConnectionRunner:
                 if not _message_buffered(ws):
                     break
                 data = await ws.recv()  # buffered: returns at once
-            if batch and not await self._deliver(task, handle_batch, batch, last, len(batch)):
-                return
+            if batch:
+                # The common case in this coroutine, as in _receive.
+                call_now = state.before_call(loop.time())
+                failure = (
+                    await self._call(task, handle_batch, batch) if call_now is Call.GO else None
+                )
+                if call_now is Call.GO and failure is None:
+                    if self._handled(last, len(batch)):
+                        await self._clear_failing()
+                elif not await self._deliver(
+                    task, handle_batch, batch, last, len(batch), call_now, failure
+                ):
+                    return
             if leave:
                 return
 
