@@ -52,6 +52,14 @@ examples:
 """
 
 
+_WATCH_COLUMNS = (
+    "STATUS: streaming, connecting, backing_off (as the owner's checkpoint page says), "
+    "failed (parked), pending (no live worker runs it yet), stopped. LAST MSG: time since "
+    "the owner last handled a message of it. ERROR: what ended its last upstream "
+    "connection, or why it was parked (xN: reconnects under this owner)."
+)
+
+
 def _json_object(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -130,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--all", action="store_true", help="follow next_token to the end")
 
     watch = command("watch", "live view of the fleet (Ctrl-C quits)")
-    watch.epilog = rates.RATE_LEGEND
+    watch.epilog = _WATCH_COLUMNS + " " + rates.RATE_LEGEND
     watch.add_argument("--interval", type=_positive_float, default=1.0, help="seconds")
     watch.add_argument("--state", choices=("STARTED", "STOPPED"))
     watch.add_argument("--count", type=int, default=0, help="stop after N refreshes")
@@ -225,9 +233,8 @@ def watch(
 ) -> int:
     """Poll every ``--interval`` seconds and redraw (in place on a terminal, as plain
     blocks otherwise). The first failure ends it; later ones are shown and retried.
-    MSG/S follows :mod:`fleetctl.rates`: the poll times never enter it."""
+    Every column, MSG/S included, is what the API's views say (:mod:`fleetctl.rates`)."""
     tty = out.isatty()
-    progress: dict[str, rates.Progress] = {}
     views: list[dict[str, Any]] = []
     frames = 0
     try:
@@ -237,7 +244,6 @@ def watch(
             try:
                 answer = client.list_all(state=args.state)
                 views = list(answer.get("connections", []))
-                progress = rates.track(progress, views)
             except ClientError as failure:
                 if frames == 0:
                     raise
@@ -251,7 +257,6 @@ def watch(
                     clock=wall_clock().strftime("%H:%M:%S"),
                     interval_s=args.interval,
                     views=views,
-                    rates=rates.shown_rates(views, progress),
                     error=error,
                 )
                 _draw(out, tty, frame)

@@ -3,12 +3,11 @@
 The runner reads the table directly (it has no router client here): one Scan brings
 the connection items together with the workers' session items and checkpoint pages,
 and each connection is turned into the view the router's API returns for it, with its
-owner's session and page (``lambdas/router/views.py``, :func:`views_of_table`). From
-there on it is ``fleetctl watch``: the same table and summary (:mod:`fleetctl.render`)
-and the same msg/s rule (:mod:`fleetctl.rates`: checkpoint advance over the owner
-pages' own write times, never over refresh times). What is local is only what the
-runner alone knows: the worker processes it started, alive or dead, and how many
-connections each owns.
+owner's session and page (``lambdas/router/views.py``, :func:`views_of_table`), health
+included: status, time since the last message, reconnects, last error and the owner's
+own messages/s. From there on it is ``fleetctl watch``: the same table and summary
+(:mod:`fleetctl.render`). What is local is only what the runner alone knows: the
+worker processes it started, alive or dead, and how many connections each owns.
 
 Everything here is pure formatting: the runner does the I/O (Scan, process polling,
 terminal output) and passes the results in, with the clock as ``now_ms``.
@@ -153,32 +152,25 @@ def _worker_lines(views: Sequence[Mapping[str, Any]], workers: Sequence[WorkerSt
 
 
 def render_lines(
-    views: Sequence[Mapping[str, Any]],
-    rates: Mapping[str, float | None],
-    workers: Sequence[WorkerStatus] = (),
+    views: Sequence[Mapping[str, Any]], workers: Sequence[WorkerStatus] = ()
 ) -> list[str]:
     """The body of a live view frame: what msg/s means, the fleet table, the fleet's
-    totals, then one line per worker (alive or dead, connections held in the table).
-    ``rates`` are the ones to show (:func:`fleetctl.rates.shown_rates`)."""
+    totals, then one line per worker (alive or dead, connections held in the table)."""
     return [
         RATE_LEGEND,
         "",
-        *render.fleet_table(views, rates),
+        *render.fleet_table(views),
         "",
-        render.fleet_totals(views, rates),
+        render.fleet_totals(views),
         f"workers: {workers_alive(workers)}",
         *_worker_lines(views, workers),
     ]
 
 
-def summary(
-    views: Sequence[Mapping[str, Any]],
-    rates: Mapping[str, float | None],
-    workers: Sequence[WorkerStatus] = (),
-) -> str:
+def summary(views: Sequence[Mapping[str, Any]], workers: Sequence[WorkerStatus] = ()) -> str:
     """The fleet on one line, for logs and output that is not a terminal::
 
-        workers 2/2 alive | 3 connections, 3 owned | demo-1 seq=57 owner=w-1 5.0/s; ...
+        workers 2/2 alive | 3 connections, 3 streaming, 15.0 msg/s | demo-1 seq=57 ...
 
-    ``rates`` are the ones to show, as for :func:`render_lines`."""
-    return f"workers {workers_alive(workers)} | {render.summary_line(views, rates)}"
+    (:func:`fleetctl.render.summary_line`)."""
+    return f"workers {workers_alive(workers)} | {render.summary_line(views)}"

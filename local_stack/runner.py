@@ -39,7 +39,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from fleetctl import client as fleet_api
-from fleetctl import rates, render
+from fleetctl import render
 from local_stack import fleet_view, services
 from local_stack.clock import now_ms
 from local_stack.fleet import Deployment, scan_raw
@@ -333,9 +333,6 @@ class LocalStack:
         live = self.options.view and sys.stdout.isatty()
         began = time.monotonic()
         deadline = None if self.options.duration is None else began + self.options.duration
-        # msg/s comes from the checkpoints' own write times (fleetctl.rates), so the
-        # refresh period does not enter it.
-        progress: dict[str, rates.Progress] = {}
         next_summary = began + SUMMARY_EVERY_S
         if live:
             self._write_raw("\x1b[2J")
@@ -350,14 +347,11 @@ class LocalStack:
                 break
             notes = self._deaths(live)
             views, error = self._scan()
-            if views is not None:
-                progress = rates.track(progress, views)
-            shown = {} if views is None else rates.shown_rates(views, progress)
             statuses = self._worker_statuses()
             if live:
                 if views is None:
                     notes.append(f"! {error}")
-                body = [] if views is None else fleet_view.render_lines(views, shown, statuses)
+                body = [] if views is None else fleet_view.render_lines(views, statuses)
                 self._draw(tick - began, notes, body)
             elif tick >= next_summary:
                 next_summary += SUMMARY_EVERY_S
@@ -365,7 +359,7 @@ class LocalStack:
                     self._say(f"! {error}")
                 else:
                     up = _duration(tick - began)
-                    self._say(f"[{up}] {fleet_view.summary(views, shown, statuses)}")
+                    self._say(f"[{up}] {fleet_view.summary(views, statuses)}")
             wake = tick + REFRESH_S if deadline is None else min(tick + REFRESH_S, deadline)
             while not self.stops.requested() and time.monotonic() < wake:
                 time.sleep(min(_POLL_S * 2, max(0.0, wake - time.monotonic())))
@@ -437,7 +431,7 @@ class LocalStack:
             self._say(f"leases still held: unknown ({error})")
             return False
         statuses = self._worker_statuses()
-        self._say(f"after shutdown: {fleet_view.summary(views, {}, statuses)}")
+        self._say(f"after shutdown: {fleet_view.summary(views, statuses)}")
         held = [view for view in views if view.get("owner")]
         detail = ", ".join(f"{view['connection_id']} by {view['owner']}" for view in held)
         self._say(f"leases still held: {len(held)}" + (f" ({detail})" if detail else ""))

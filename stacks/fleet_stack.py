@@ -166,6 +166,8 @@ def worker_environment(s: FleetSettings, table_name: str, queue_url: str) -> dic
         worker_env.LEASE_SECONDS: f"{s.lease_seconds:g}",
         worker_env.MAX_CONNECTIONS: str(s.max_connections),
         worker_env.REASSIGN_ON_RELEASE: "true" if s.reassign_on_release else "false",
+        worker_env.UPSTREAM_CONNECT_BURST: str(s.upstream_connect_burst),
+        worker_env.UPSTREAM_CONNECTS_PER_SECOND: f"{s.upstream_connects_per_second:g}",
         worker_env.METRICS_NAMESPACE: metric_names.DEFAULT_NAMESPACE,
         worker_env.SERVICE_NAME: s.service_name,
         worker_env.HEALTH_FILE: worker_env.DEFAULT_HEALTH_FILE,

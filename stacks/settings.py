@@ -11,6 +11,7 @@ docs/DEPLOY.md lists every key.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -136,6 +137,12 @@ class FleetSettings:
     """Defaults to the aws-lambda-powertools pin of worker/requirements.txt."""
     worker_handler: str | None = None
     reassign_on_release: bool = True
+    upstream_connect_burst: int = 200
+    """``UPSTREAM_CONNECT_BURST``: upstream connects per host and worker that go at once
+    after an idle period (0: no pacing)."""
+    upstream_connects_per_second: float = 100.0
+    """``UPSTREAM_CONNECTS_PER_SECOND``: past the burst, per host and worker (0: no
+    pacing)."""
 
     @property
     def timing(self) -> LeaseTiming:
@@ -227,6 +234,11 @@ def validate(s: FleetSettings) -> None:
         (
             1 <= s.router_reserved_concurrency <= MAX_ROUTER_RESERVED_CONCURRENCY,
             f"routerReservedConcurrency must be 1..{MAX_ROUTER_RESERVED_CONCURRENCY}",
+        ),
+        (s.upstream_connect_burst >= 0, "upstreamConnectBurst must be >= 0 (0: no pacing)"),
+        (
+            math.isfinite(s.upstream_connects_per_second) and s.upstream_connects_per_second >= 0,
+            "upstreamConnectsPerSecond must be a finite number >= 0 (0: no pacing)",
         ),
     ]
     for ok, message in checks:
@@ -331,4 +343,6 @@ _KEYS: Final[dict[str, tuple[str, Any]]] = {
     "powertoolsVersion": ("powertools_version", str),
     "workerHandler": ("worker_handler", lambda v: str(v) if v else None),
     "reassignOnRelease": ("reassign_on_release", _bool),
+    "upstreamConnectBurst": ("upstream_connect_burst", _int),
+    "upstreamConnectsPerSecond": ("upstream_connects_per_second", float),
 }

@@ -45,6 +45,9 @@ from wsfleet.session_store import SessionStore
 
 log = logging.getLogger(__name__)
 
+OFFER_ATTEMPTS = 3
+"""Tries of one offer write before the connections go to ``reassign`` hints instead."""
+
 
 class BalanceOwner(Protocol):
     """What the balancer needs of the worker."""
@@ -93,6 +96,7 @@ class Balancer:
         self._rng = rng
         self._listed: list[SessionItem] = []
         self._next_round_at: float | None = None
+        self._round: asyncio.Task[int] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -107,33 +111,80 @@ class Balancer:
         self._listed = list(sessions)
 
     def loads(self) -> list[Load]:
-        """The live sessions' loads, this worker's own as it is now."""
+        """The live sessions' loads, this worker's own as it is now. A session past its
+        expiry is not counted (its worker is not renewing: a receiver that cannot take
+        anything, and its connections are taken over, not balanced), nor an older
+        session of this very worker (dead by definition, whether reaped yet or not)."""
         me = self._me
+        now_ms = self._wall_ms()
         connections, capacity = self._owner.load()
-        others = [load for load in loads_of(self._listed) if load.key != me]
-        return [*others, Load(me, connections, capacity)]
+        live = [
+            s
+            for s in self._listed
+            if s.expires_at_ms > now_ms and s.worker_id != self._owner.worker_id
+        ]
+        return [*loads_of(live), Load(me, connections, capacity)]
 
-    def room(self, unowned: int = 0) -> int:
-        """How many connections this worker may take from the unowned index, offers or
-        ``reassign`` hints now (``unowned``: how many free ones it has just seen)."""
+    def room(self) -> int:
+        """How many connections this worker may take from offers or ``reassign`` hints
+        now: up to its fair share of the connections the live sessions publish.
+
+        The connections in flight between two workers are not added: the giver's
+        published load still counts them until its next renew, and counting them twice
+        would let a receiver pass its share and give them back a round later."""
         connections, capacity = self._owner.load()
         if self._settings is None:
             return max(0, capacity - connections)
-        return room_to_take(self._me, self.loads(), unowned)
+        return room_to_take(self._me, self.loads())
 
-    async def balance_once(self, now: float) -> int:
-        """A round when one is due (``now``: loop time): hand this worker's excess to
-        the workers below their share. Returns how many connections it moved."""
+    def room_for_free(self, seen: int) -> int:
+        """How many of ``seen`` free connections found in the unowned index this worker
+        may take: its :meth:`room`, or one when it is at its share but the free ones,
+        counted in, would give it room (a stray that every worker at its share would
+        otherwise leave to the others; the conditional acquire lets one of them win)."""
+        room = self.room()
+        if room > 0 or self._settings is None:
+            return room
+        return min(1, room_to_take(self._me, self.loads(), seen))
+
+    def start_round(self, now: float) -> asyncio.Task[int] | None:
+        """Start a round in the background when one is due and none is running
+        (``now``: loop time), so the reconciler's passes never wait for the releases of
+        a round; the round's task, if one started."""
+        if self._round is not None and not self._round.done():
+            return None
+        if not self._due(now):
+            return None
+        self._round = asyncio.create_task(self._guarded_round(), name="balance-round")
+        return self._round
+
+    async def _guarded_round(self) -> int:
+        try:
+            return await self.balance_once()
+        except Exception as error:
+            # What was released is in the unowned index; the sweeps find it.
+            log.warning("balance round failed", extra={"error": repr(error)})
+            return 0
+
+    def _due(self, now: float) -> bool:
         settings = self._settings
         if settings is None or self._owner.session_gen == 0:
-            return 0
+            return False
         if self._next_round_at is None:
             # The first round waits one interval: the listing has to show the fleet
             # as it is, newcomers included, before anything moves.
             self._next_round_at = now + settings.round_seconds
         if now < self._next_round_at:
-            return 0
+            return False
         self._next_round_at = now + settings.round_seconds
+        return True
+
+    async def balance_once(self) -> int:
+        """One round: hand this worker's excess to the workers below their share.
+        Returns how many connections it moved."""
+        settings = self._settings
+        if settings is None or self._owner.session_gen == 0:
+            return 0
         loads = self.loads()
         plan = plan_moves(self._me, loads, settings)
         if not plan:
@@ -204,13 +255,20 @@ class Balancer:
             session_rules.notice_token(cid, kind, now_ms, secrets.token_hex(4)) for cid in released
         ]
         loop = asyncio.get_running_loop()
-        try:
-            offered = await loop.run_in_executor(
-                None, self._sessions.offer, worker_id, int(gen), tokens
-            )
-        except Exception as error:
-            log.warning("offer failed", extra={"receiver": receiver, "error": repr(error)})
-            offered = False
+        offered = False
+        # An offer is an ADD to a string set: sending it again after an error whose
+        # outcome is unknown (a timeout) is harmless, and saves a detour by hints.
+        for attempt in range(1, OFFER_ATTEMPTS + 1):
+            try:
+                offered = await loop.run_in_executor(
+                    None, self._sessions.offer, worker_id, int(gen), tokens
+                )
+                break
+            except Exception as error:
+                log.warning(
+                    "offer failed",
+                    extra={"receiver": receiver, "attempt": attempt, "error": repr(error)},
+                )
         if not offered:
             # The receiver is gone: the connections wait in the unowned index; a hint
             # brings them to someone with room sooner than a sweep would.

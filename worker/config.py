@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import socket
@@ -34,6 +35,8 @@ SQS_WAIT_SECONDS: Final = "SQS_WAIT_SECONDS"
 PING_INTERVAL_SECONDS: Final = "PING_INTERVAL_SECONDS"
 MAX_MESSAGE_BYTES: Final = "MAX_MESSAGE_BYTES"
 UPSTREAM_FAIL_AFTER_SECONDS: Final = "UPSTREAM_FAIL_AFTER_SECONDS"
+UPSTREAM_CONNECT_BURST: Final = "UPSTREAM_CONNECT_BURST"
+UPSTREAM_CONNECTS_PER_SECOND: Final = "UPSTREAM_CONNECTS_PER_SECOND"
 LOG_LEVEL: Final = "LOG_LEVEL"
 BALANCE_ROUND_SECONDS: Final = "BALANCE_ROUND_SECONDS"
 BALANCE_TOLERANCE: Final = "BALANCE_TOLERANCE"
@@ -67,6 +70,11 @@ class WorkerConfig:
     upstream_fail_after: float = 600.0
     """Seconds of failed upstream attempts with no message handled before a connection
     is parked (docs/DESIGN.md §4.4)."""
+    upstream_connect_burst: int = 200
+    """Upstream connects per host that go at once after an idle period; 0: no pacing
+    (docs/DESIGN.md §4.4, "Connect pacing")."""
+    upstream_connects_per_second: float = 100.0
+    """Upstream connects per host and second past the burst; 0: no pacing."""
     log_level: str = "INFO"
     balance: BalanceSettings | None = field(default_factory=BalanceSettings)
     """How the fleet is kept balanced (docs/DESIGN.md §4.3); None: never rebalanced
@@ -85,6 +93,11 @@ class WorkerConfig:
         sqs_wait = _int(env, SQS_WAIT_SECONDS, 10)
         if not 0 <= sqs_wait <= 20:
             raise ConfigError(f"{SQS_WAIT_SECONDS} must be 0..20 (SQS long-poll limit)")
+        connect_burst = _int(env, UPSTREAM_CONNECT_BURST, 200)
+        if connect_burst < 0:
+            raise ConfigError(
+                f"{UPSTREAM_CONNECT_BURST} must be >= 0 (0: no pacing), got {connect_burst}"
+            )
         return cls(
             table_name=_required(env, TABLE_NAME),
             queue_url=_required(env, QUEUE_URL),
@@ -103,6 +116,8 @@ class WorkerConfig:
             ping_interval=_positive_float(env, PING_INTERVAL_SECONDS, max(timing.heartbeat, 1.0)),
             max_message_bytes=_int(env, MAX_MESSAGE_BYTES, 1 << 20),
             upstream_fail_after=_positive_float(env, UPSTREAM_FAIL_AFTER_SECONDS, 600.0),
+            upstream_connect_burst=connect_burst,
+            upstream_connects_per_second=_rate(env, UPSTREAM_CONNECTS_PER_SECOND, 100.0),
             log_level=(env.get(LOG_LEVEL) or "INFO").upper(),
             balance=balance_from_env(env),
         )
@@ -155,14 +170,16 @@ def _required(env: Mapping[str, str], name: str) -> str:
     return value
 
 
-def _opt_float(env: Mapping[str, str], name: str) -> float | None:
+def _opt_float(
+    env: Mapping[str, str], name: str, what: str = "a number of seconds"
+) -> float | None:
     raw = env.get(name, "").strip()
     if not raw:
         return None
     try:
         return float(raw)
     except ValueError:
-        raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
+        raise ConfigError(f"{name} must be {what}, got {raw!r}") from None
 
 
 def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
@@ -171,6 +188,16 @@ def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
         return default
     if not value > 0:
         raise ConfigError(f"{name} must be > 0, got {value}")
+    return value
+
+
+def _rate(env: Mapping[str, str], name: str, default: float) -> float:
+    """A finite number per second, >= 0 (0: unlimited)."""
+    value = _opt_float(env, name, "a number per second")
+    if value is None:
+        return default
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"{name} must be a finite number >= 0 (0: no pacing), got {value}")
     return value
 
 

@@ -32,11 +32,12 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 
+from worker.connect_pacing import ConnectPacer
 from worker.connection_state import Call, ConnectionState, Ending, Failure, Frame, Watch
 from worker.delivery import AnyHandler, Delivery, batch_call, make_delivery
 from worker.metrics import FleetMetrics
@@ -86,6 +87,9 @@ class ConnectionSettings:
     fail_after: float = 600.0
     """Seconds of failed attempts with no message handled before a connection is
     parked (``UPSTREAM_FAIL_AFTER_SECONDS``)."""
+    pacer: ConnectPacer = field(default_factory=ConnectPacer)
+    """Paces every connect attempt per upstream host (``UPSTREAM_CONNECT_BURST``,
+    ``UPSTREAM_CONNECTS_PER_SECOND``); the default paces nothing."""
 
 
 class ConnectionRunner:
@@ -380,6 +384,7 @@ class ConnectionRunner:
             failure: Exception | None = None
             self._left_because = None
             health.status = CONNECTING
+            await s.pacer.wait(url)  # cancelled by a stop like every other wait here
             try:
                 async with connect(
                     url,

@@ -18,6 +18,7 @@ from worker.acquire_result import AcquireResult
 from worker.balancer import Balancer
 from worker.capacity import Capacity
 from worker.config import WorkerConfig
+from worker.connect_pacing import ConnectPacer
 from worker.connection import ConnectionRunner, ConnectionSettings, Outcome
 from worker.connection_state import Ending
 from worker.delivery import AnyHandler
@@ -122,6 +123,9 @@ class Worker:
             ping_interval=config.ping_interval,
             max_message_bytes=config.max_message_bytes,
             fail_after=config.upstream_fail_after,
+            pacer=ConnectPacer(
+                config.upstream_connect_burst, config.upstream_connects_per_second, rng=rng
+            ),
         )
         self.balancer = Balancer(
             self,
@@ -185,7 +189,9 @@ class Worker:
 
     async def hand_off(self, connection_ids: Sequence[str]) -> list[str]:
         """End these connections for another worker to take: each finishes its handler
-        call in flight and is released with its final checkpoint. The ids released."""
+        call in flight and is released with its final checkpoint. The ids released.
+        Waits for every one of them: each runner's ending is bounded by its own drain
+        and release budgets, and an id whose release landed must be offered."""
         loop = asyncio.get_running_loop()
         waiting: dict[str, asyncio.Future[bool]] = {}
         for cid in connection_ids:
@@ -196,11 +202,8 @@ class Worker:
             runner.stop(Ending.HANDED_OFF)
         if not waiting:
             return []
-        timing = self.config.timing
         try:
-            await asyncio.wait(
-                waiting.values(), timeout=timing.drain_budget + timing.release_budget
-            )
+            await asyncio.wait(waiting.values())
         finally:
             for cid in waiting:
                 self._handing_off.pop(cid, None)
@@ -565,8 +568,7 @@ class Worker:
 
     async def _take_offers(self, tokens: set[str]) -> set[str]:
         """Connections another worker released for this one: a balance move, taken up to
-        this worker's fair share (the offered ones count as free ones seen: the giver's
-        published load may still include them), or a drain, taken up to capacity like
+        this worker's fair share, or a drain, taken up to capacity like
         a dead session's (everything of a worker that shuts down must find a home).
         What is not taken waits in the ``unowned`` index. Every offer is acted on."""
         if not tokens:
@@ -574,7 +576,7 @@ class Worker:
         drains = {t for t in tokens if session_rules.notice_kind(t) == session_rules.DRAIN}
         drained = sorted({session_rules.notice_connection_id(t) for t in drains})
         moves = sorted({session_rules.notice_connection_id(t) for t in tokens - drains})
-        room = self.balancer.room(unowned=len(moves)) if moves else 0
+        room = self.balancer.room() if moves else 0
         accepted = drained + moves[:room]
         results = await asyncio.gather(*(self.acquire(cid) for cid in accepted))
         log.info(

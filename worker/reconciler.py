@@ -119,7 +119,7 @@ class Reconciler:
         taken, draining = await self.sweep_sessions()
         await self.release_strays()
         taken += await self.take_free(every_shard=draining)
-        await self._balancer.balance_once(asyncio.get_running_loop().time())
+        self._balancer.start_round(asyncio.get_running_loop().time())
         return taken
 
     # --- 1. sessions -----------------------------------------------------------------
@@ -264,9 +264,12 @@ class Reconciler:
         if not free_ids:
             return []
         self._metrics.count(m.ORPHANS_FOUND, len(free_ids))
-        # Up to this worker's fair share (the free ones seen count in the fleet's
-        # total): a worker at or above it leaves them to those below theirs.
-        room = self._balancer.room(unowned=len(free_ids))
+        # What this worker has just released is for the others (a balance move on its
+        # way to the receiver's next renew), not to be taken back.
+        free_ids = [cid for cid in free_ids if not self._owner.recently_released(cid)]
+        # Up to this worker's fair share: a worker at or above it leaves them to those
+        # below theirs.
+        room = self._balancer.room_for_free(len(free_ids))
         if room <= 0:
             return []
         self._rng.shuffle(free_ids)

@@ -99,6 +99,12 @@ UPDATED_AT_MS: Final = "updated_at_ms"
 EXPIRES_AT: Final = "expires_at"
 """DynamoDB TTL attribute, in epoch seconds; set only while STOPPED."""
 METADATA: Final = "metadata"
+PROTOCOL: Final = "protocol"
+"""S, optional: the connection's protocol spec as compact JSON
+(:mod:`wsfleet.protocol_specs`); absent: the worker's default protocol."""
+AUTH_SECRET: Final = "auth_secret"
+"""S, optional: the Secrets Manager secret (name or ARN) the worker reads credentials
+from at connect time (:mod:`wsfleet.secret_refs`); never the secret's value."""
 PARKED_REASON: Final = "parked_reason"
 """Set by the owner's park write (docs/DESIGN.md §3.7): why the upstream was given
 up on, short and free of secrets; removed by the router's re-arming start."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,7 @@ from benchmarks.chaos_plan import (
     FAULT_KINDS,
     UPSTREAM_FAULTS,
     Options,
+    PlannedConnection,
     plan_connections,
     plan_faults,
 )
@@ -141,6 +143,25 @@ def test_a_partition_that_began_before_the_last_messages_is_still_the_cause() ->
     assert [(c.cause, c.deliveries) for c in causes] == [("blackhole", 1)]
 
 
+def clean_audit(
+    options: Options, planned: list[PlannedConnection], **overrides: Any
+) -> dict[str, Any]:
+    """The audit of a run where each connection handled seq 1 and nothing went wrong."""
+    a, b = (p.connection_id for p in planned)
+    arguments: dict[str, Any] = {
+        "options": options,
+        "records": [rec(a, 1, 1.0), rec(b, 1, 1.0)],
+        "planned": planned,
+        "started_at": {a: 0.5, b: 0.5},
+        "settle_since": 0.9,
+        "measured_until": 1.5,
+        "outcome": Outcome(),
+        "held": [],
+        "connection_endings": {},
+    }
+    return audit(**(arguments | overrides))
+
+
 def test_audit_reports_violations_and_renders_them() -> None:
     options = Options(duration=10, workers=2, connections=2)
     planned = plan_connections(random.Random(0), 2, 10.0)
@@ -167,17 +188,7 @@ def test_audit_reports_violations_and_renders_them() -> None:
     assert result["lost_seqs"] == 1
     assert len(result["violations"]) == 2
     assert "violations: 2" in render(result)
-    clean = audit(
-        options=options,
-        records=[rec(a, 1, 1.0), rec(b, 1, 1.0)],
-        planned=planned,
-        started_at={a: 0.5, b: 0.5},
-        settle_since=0.9,
-        measured_until=1.5,
-        outcome=Outcome(),
-        held=[],
-        connection_endings={"shutdown": 2},
-    )
+    clean = clean_audit(options, planned, connection_endings={"shutdown": 2})
     assert clean["violations"] == []
     assert "violations: 0" in render(clean)
 
@@ -203,19 +214,7 @@ def test_balanced_is_the_ratio_target_in_whole_connections(loads, balanced) -> N
 def test_an_unbalanced_fleet_after_the_faults_is_a_violation() -> None:
     options = Options(duration=10, workers=2, connections=2)
     planned = plan_connections(random.Random(0), 2, 10.0)
-    a, b = (p.connection_id for p in planned)
-    common = dict(
-        options=options,
-        records=[rec(a, 1, 1.0), rec(b, 1, 1.0)],
-        planned=planned,
-        started_at={a: 0.5, b: 0.5},
-        settle_since=0.9,
-        measured_until=1.5,
-        outcome=Outcome(),
-        held=[],
-        connection_endings={},
-    )
-    late = audit(**common, balance=Balance(None, {"w1": 2, "w2": 0}))
+    late = clean_audit(options, planned, balance=Balance(None, {"w1": 2, "w2": 0}))
     assert late["violations"] == ["not balanced 60 s after the faults: {'w1': 2, 'w2': 0}"]
     assert late["balance"] == {
         "seconds_after_faults": None,
@@ -223,7 +222,7 @@ def test_an_unbalanced_fleet_after_the_faults_is_a_violation() -> None:
         "loads": {"w1": 2, "w2": 0},
     }
     assert "not reached" in render(late)
-    on_time = audit(**common, balance=Balance(12.345, {"w1": 1, "w2": 1}))
+    on_time = clean_audit(options, planned, balance=Balance(12.345, {"w1": 1, "w2": 1}))
     assert on_time["violations"] == []
     assert on_time["balance"]["seconds_after_faults"] == 12.35
     assert "12.3 s" in render(on_time)

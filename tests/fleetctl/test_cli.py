@@ -56,12 +56,14 @@ def test_start_get_list_stop(router_api: str) -> None:
     assert out.splitlines()[0] == "connection     demo-1"
     assert "start_gen      1" in out.splitlines()
     assert "checkpoint     from the item" in out.splitlines()
+    assert "status         pending" in out.splitlines()  # no worker runs here
+    assert "messages/s     -" in out.splitlines()
 
     code, out, _ = run("--api", router_api, "list")
     assert code == EXIT_OK
     header, row = out.splitlines()
-    assert header.split()[:3] == ["CONNECTION", "STATE", "OWNER"]
-    assert row.split()[:3] == ["demo-1", "STARTED", "-"]
+    assert header.split()[:4] == ["CONNECTION", "STATE", "STATUS", "OWNER"]
+    assert row.split()[:4] == ["demo-1", "STARTED", "pending", "-"]
 
     code, out, _ = run("--api", router_api, "stop", "demo-1")
     assert code == EXIT_OK
@@ -216,10 +218,11 @@ def test_watch_prints_plain_frames_off_a_terminal(router_api: str) -> None:
     assert first[0].startswith(f"fleet at {router_api}  ")
     assert first[-1] == ""  # a blank line between frames
     assert first[1] == (
-        "2 connections: 1 STARTED (0 owned, 0 lapsed), 1 STOPPED; owned by 0 workers; 0.0 msg/s"
+        "2 connections: 1 STARTED (1 pending), 1 STOPPED; owned by 0 workers; 0.0 msg/s"
     )
     assert [line.split()[0] for line in first[3:-1]] == ["CONNECTION", "w-1", "w-2"]
     # No worker runs here: nobody owns it, so there is no rate however many polls.
+    assert frames[1].splitlines()[4].split()[2] == "pending"
     assert frames[1].splitlines()[4].split()[-1] == "-"
 
 
@@ -238,7 +241,9 @@ class ScriptedApi:
         return {"connections": views, "next_token": None}
 
 
-def api_view(seq: int, checkpoint_at: str, *, epoch: int = 1) -> dict[str, Any]:
+def api_view(
+    seq: int, rate: float | None, status: str = "streaming", **health: Any
+) -> dict[str, Any]:
     return {
         "connection_id": "demo-1",
         "state": "STARTED",
@@ -246,37 +251,63 @@ def api_view(seq: int, checkpoint_at: str, *, epoch: int = 1) -> dict[str, Any]:
         "owner_session_gen": 1,
         "owner_session_state": "ALIVE",
         "session_seconds_left": 1.5,
-        "epoch": epoch,
+        "epoch": 1,
         "last_seq": seq,
-        "checkpoint_at": checkpoint_at,
+        "checkpoint_at": "2026-01-01T00:00:05.000+00:00",
         "checkpoint_age_seconds": 0.5,
         "start_gen": 1,
-        # Workers write the item only when ownership changes: never its clock.
-        "updated_at": "2025-12-31T23:00:00.000+00:00",
-    }
+        "status": status,
+        "seconds_since_last_message": 0.2,
+        "reconnects": 0,
+        "last_error": None,
+        "messages_per_second": rate,
+    } | health
 
 
-def test_watch_rates_come_from_checkpoint_times_not_poll_times() -> None:
+def test_watch_shows_the_views_own_rate_and_health() -> None:
     api = ScriptedApi(
         [
-            [api_view(0, "2026-01-01T00:00:00.000+00:00")],
-            [api_view(0, "2026-01-01T00:00:00.000+00:00")],  # no page since
-            [api_view(25, "2026-01-01T00:00:05.000+00:00")],
-            [api_view(25, "2026-01-01T00:00:05.000+00:00")],
-            [api_view(40, "2026-01-01T00:00:07.000+00:00")],
-            [api_view(40, "2026-01-01T00:00:09.000+00:00", epoch=2)],  # a new owner
+            [api_view(0, None, "connecting", seconds_since_last_message=None)],
+            [api_view(25, 5.0)],
+            [api_view(25, 5.0)],  # the same page polled again: the same number
+            [api_view(40, 7.5)],
+            [api_view(40, 0, "backing_off", reconnects=3, last_error="HTTP 503")],
+            [
+                api_view(
+                    40,
+                    None,
+                    "pending",  # the owner's session ended: null health, as the API says
+                    owner_session_state="DEAD",
+                    session_seconds_left=0,
+                    seconds_since_last_message=None,
+                    reconnects=None,
+                )
+            ],
         ]
     )
-    # Polls at irregular moments: were the rate taken over them, it would vary.
+    # Polls at irregular moments: the rate is the owner's, so they do not enter it.
     moments = iter([0.0, 0.1, 0.3, 4.0, 4.2, 11.0, 11.5, 11.6, 30.0, 30.1, 31.0, 31.2])
     out = io.StringIO()
     args = cli.build_parser().parse_args(["watch", "--count", "6"])
     code = cli.watch(api, args, out, monotonic=lambda: next(moments), sleep=lambda _: None)
     assert code == EXIT_OK
     frames = [f for f in out.getvalue().split("fleet at ") if f]
-    shown = [frame.splitlines()[4].split()[-1] for frame in frames]
-    assert shown == ["-", "-", "5.0", "5.0", "7.5", "-"]
-    assert frames[2].splitlines()[1].endswith("; 5.0 msg/s")
+    rows = [frame.splitlines()[4] for frame in frames]
+    assert [row.split()[2] for row in rows] == [
+        "connecting",
+        "streaming",
+        "streaming",
+        "streaming",
+        "backing_off",
+        "pending",
+    ]
+    assert [row.split()[-1] for row in rows[:4]] == ["-", "5.0", "5.0", "7.5"]
+    assert rows[4].endswith("0.2s    0.0  HTTP 503 (x3)")
+    assert rows[5].split()[-2:] == ["-", "-"]
+    assert frames[1].splitlines()[1] == (
+        "1 connection: 1 STARTED (1 streaming), 0 STOPPED; owned by 1 worker; 5.0 msg/s"
+    )
+    assert frames[4].splitlines()[1].startswith("1 connection: 1 STARTED (1 backing off),")
 
 
 def test_get_list_and_watch_show_the_owners_session_and_page(
@@ -296,27 +327,32 @@ def test_get_list_and_watch_show_the_owners_session_and_page(
 
     code, out, _ = run("--api", router_api, "get", "owned-1")
     assert code == EXIT_OK
-    details = dict(line.split(None, 1) for line in out.splitlines())
+    details = dict(re.split(" {2,}", line, maxsplit=1) for line in out.splitlines())
     assert details["owner"] == "w-cli"
     assert re.fullmatch(r"#2 ALIVE, (5\d|6[0-2])\.\ds left", details["session"])
     assert details["last_seq"] == "321"
     assert re.fullmatch(r"owner's page of \S+ \(\d+\.\ds ago\)", details["checkpoint"])
+    assert details["status"] == "streaming"
+    assert re.fullmatch(r"\d+\.\ds ago", details["last message"])
+    assert details["messages/s"] == "-"  # the page has no rate for it yet
+    assert "reconnects" not in details
 
     code, out, _ = run("--api", router_api, "list")
     assert code == EXIT_OK
     rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
-    assert rows["owned-1"][2] == "w-cli"
-    assert re.fullmatch(r"(5\d|6[0-2])\.\ds", rows["owned-1"][3])
-    assert rows["owned-1"][5] == "321"
-    assert re.fullmatch(r"\d+\.\ds", rows["owned-1"][6])  # the page's age
-    assert rows["free-1"][2:4] == ["-", "-"]
+    assert rows["owned-1"][2:4] == ["streaming", "w-cli"]
+    assert re.fullmatch(r"(5\d|6[0-2])\.\ds", rows["owned-1"][4])
+    assert rows["owned-1"][6] == "321"
+    assert re.fullmatch(r"\d+\.\ds", rows["owned-1"][7])  # the page's age
+    assert re.fullmatch(r"\d+\.\ds", rows["owned-1"][8])  # since the last message
+    assert rows["free-1"][2:5] == ["pending", "-", "-"]
 
     code, out, _ = run("--api", router_api, "watch", "--count", "1")
     assert code == EXIT_OK
-    assert "STARTED (1 owned, 0 lapsed)" in out
+    assert "2 STARTED (1 streaming, 1 pending)" in out
     watched = {line.split()[0]: line.split() for line in out.splitlines()[4:] if line}
-    assert watched["owned-1"][5] == "321"
-    assert watched["owned-1"][-1] == "-"  # one page seen: a point, not yet a rate
+    assert watched["owned-1"][6] == "321"
+    assert watched["owned-1"][-1] == "-"  # the page has no rate for it yet
 
 
 class Terminal(io.StringIO):

@@ -30,6 +30,14 @@ def view(connection_id: str, **changes: Any) -> dict[str, Any]:
         "updated_at": "2026-11-30T01:00:05.000+00:00",
         "expires_at": None,
         "metadata": None,
+        "parked_reason": None,
+        "parked_at": None,
+        "failing_since": None,
+        "status": "streaming",
+        "seconds_since_last_message": 0.4,
+        "reconnects": 0,
+        "last_error": None,
+        "messages_per_second": 5.0,
     }
     return base | changes
 
@@ -42,8 +50,13 @@ FREE = {
     "checkpoint_at": None,
     "checkpoint_age_seconds": None,
     "last_advanced_at": None,
+    "status": "pending",
+    "seconds_since_last_message": None,
+    "reconnects": None,
+    "last_error": None,
+    "messages_per_second": None,
 }
-"""No owner: no session, and the item's own checkpoint."""
+"""No owner: no session, the item's own checkpoint, and no live worker's word."""
 
 
 def free(connection_id: str, **changes: Any) -> dict[str, Any]:
@@ -92,33 +105,80 @@ def test_table_pads_columns_and_right_aligns_numbers() -> None:
 
 
 def test_connection_table() -> None:
-    lines = render.connection_table([free("demo-2", state="STOPPED"), view("demo-1")])
+    lines = render.connection_table(
+        [free("demo-2", state="STOPPED", status="stopped"), view("demo-1")]
+    )
     assert re.split(" {2,}", lines[0]) == list(render.LIST_COLUMNS)
-    assert lines[1].split() == [
-        "demo-1",
-        "STARTED",
-        "worker-a",
-        "1.5s",
-        "2",
-        "40",
-        "2.2s",
-        "ws://127.0.0.1:8765/demo-1",
+    assert lines == [
+        "CONNECTION  STATE    STATUS     OWNER     SESSION LEFT  EPOCH  LAST_SEQ  CKPT AGE  "
+        "LAST MSG  WS_URL",
+        "demo-1      STARTED  streaming  worker-a          1.5s      2        40      2.2s      "
+        "0.4s  ws://127.0.0.1:8765/demo-1",
+        "demo-2      STOPPED  stopped    -                    -      2        40         -         "
+        "-  ws://127.0.0.1:8765/demo-2",
     ]
-    assert lines[2].split()[:7] == ["demo-2", "STOPPED", "-", "-", "2", "40", "-"]
     assert render.connection_table([]) == ["no connections"]
 
 
 def test_connection_details() -> None:
     lines = render.connection_details(view("demo-1", metadata={"team": "x"}))
-    assert lines[0] == "connection     demo-1"
-    assert "owner          worker-a" in lines
-    assert "session        #3 ALIVE, 1.5s left" in lines
-    assert "last_seq       40" in lines
-    assert ("checkpoint     owner's page of 2026-11-30T01:00:07.000+00:00 (2.2s ago)") in lines
-    assert "last advanced  2026-11-30T01:00:06.900+00:00" in lines
-    assert "expires        -" in lines
-    assert 'metadata       {"team":"x"}' in lines
-    assert len(lines) == 14
+    assert lines == [
+        "connection     demo-1",
+        "state          STARTED",
+        "status         streaming",
+        "ws_url         ws://127.0.0.1:8765/demo-1",
+        "owner          worker-a",
+        "session        #3 ALIVE, 1.5s left",
+        "epoch          2",
+        "last_seq       40",
+        "checkpoint     owner's page of 2026-11-30T01:00:07.000+00:00 (2.2s ago)",
+        "last advanced  2026-11-30T01:00:06.900+00:00",
+        "last message   0.4s ago",
+        "messages/s     5.0",
+        "start_gen      1",
+        "created        2026-11-30T01:00:00.000+00:00",
+        "updated        2026-11-30T01:00:05.000+00:00",
+        "expires        -",
+        'metadata       {"team":"x"}',
+    ]
+
+
+def test_connection_details_of_a_troubled_connection() -> None:
+    # Reconnects and the last error are shown when set, in place; parking at the end.
+    troubled = view(
+        "demo-1",
+        status="backing_off",
+        seconds_since_last_message=12.34,
+        messages_per_second=0,
+        reconnects=4,
+        last_error="HTTP 503",
+    )
+    lines = render.connection_details(troubled)
+    assert lines[2] == "status         backing_off"
+    assert lines[10:14] == [
+        "last message   12.3s ago",
+        "messages/s     0.0",
+        "reconnects     4",
+        "last error     HTTP 503",
+    ]
+    parked = free(
+        "demo-2",
+        status="failed",
+        last_error="HTTP 403 from upstream",
+        parked_reason="HTTP 403 from upstream",
+        parked_at="2026-11-30T01:00:09.000+00:00",
+        failing_since="2026-11-30T00:59:00.000+00:00",
+    )
+    lines = render.connection_details(parked)
+    shown = dict(re.split(" {2,}", line, maxsplit=1) for line in lines)
+    assert lines[-3:] == [
+        "parked         HTTP 403 from upstream",
+        "parked at      2026-11-30T01:00:09.000+00:00",
+        "failing since  2026-11-30T00:59:00.000+00:00",
+    ]
+    assert (shown["status"], shown["last error"]) == ("failed", "HTTP 403 from upstream")
+    assert (shown["last message"], shown["messages/s"]) == ("-", "-")
+    assert "reconnects" not in shown  # null: no live worker runs it
 
 
 @pytest.mark.parametrize(
@@ -167,51 +227,158 @@ def test_natural_order() -> None:
 # --- the fleet table: fleetctl watch and the local live view --------------------------
 
 
+PARKED = "no message handled for 300 s: connection refused"
+LAPSED = {
+    "owner": "w-3",
+    "session_seconds_left": 0,
+    "status": "pending",
+    "seconds_since_last_message": None,
+    "reconnects": None,
+    "messages_per_second": None,
+}
+"""An owner whose session lapsed: no live worker runs the connection."""
+
+
 def fleet() -> list[dict[str, Any]]:
+    """One connection of every status, and a slow stream that reconnected."""
     return [
-        view("demo-10", owner="w-2", session_seconds_left=4.96, epoch=3, last_seq=40),
-        view("demo-2", owner="w-1", session_seconds_left=17.349, epoch=1, last_seq=125),
-        free("demo-3", last_seq=77),  # released: free
-        free("demo-4", state="STOPPED", last_seq=9),
-        view("demo-5", owner="w-3", session_seconds_left=0, epoch=1, last_seq=12),  # lapsed
         view(
-            "demo-6",
-            owner="w-4",
-            owner_session_state="DEAD",
-            session_seconds_left=0,
-            checkpoint_age_seconds=12.0,
-            last_seq=8,
-        ),  # reaped, not yet taken over
+            "demo-10",
+            owner="w-2",
+            session_seconds_left=4.96,
+            epoch=3,
+            seconds_since_last_message=12.34,
+            messages_per_second=0.033,
+            reconnects=2,
+            last_error="closed by upstream (1011)",
+        ),
+        view("demo-2", owner="w-1", session_seconds_left=17.349, epoch=1, last_seq=125),
+        view(
+            "demo-3",
+            status="connecting",
+            seconds_since_last_message=None,
+            messages_per_second=None,
+        ),
+        view(
+            "demo-4",
+            owner="w-2",
+            session_seconds_left=4.96,
+            epoch=3,
+            status="backing_off",
+            seconds_since_last_message=31.0,
+            messages_per_second=0,
+            reconnects=4,
+            last_error="HTTP 503",
+        ),
+        free("demo-5", status="failed", last_error=PARKED, parked_reason=PARKED, last_seq=77),
+        view("demo-6", **LAPSED, epoch=1, last_seq=12),
+        free("demo-7", state="STOPPED", status="stopped", last_seq=9),
     ]
 
 
-def test_fleet_table_rows() -> None:
-    lines = render.fleet_table(fleet(), {"demo-2": 5.0, "demo-10": 0.0, "demo-5": None})
-    assert lines[0] == (
-        "CONNECTION  STATE    OWNER  SESSION LEFT  EPOCH  LAST_SEQ  CKPT AGE  MSG/S"
+def test_fleet_table() -> None:
+    assert render.fleet_table(fleet()) == [
+        "CONNECTION  STATE    STATUS       OWNER     SESSION LEFT  EPOCH  LAST_SEQ"
+        "  CKPT AGE  LAST MSG  MSG/S  ERROR",
+        "demo-2      STARTED  streaming    w-1              17.3s      1       125"
+        "      2.2s      0.4s    5.0",
+        "demo-3      STARTED  connecting   worker-a          1.5s      2        40"
+        "      2.2s         -      -",
+        "demo-4      STARTED  backing_off  w-2               5.0s      3        40"
+        "      2.2s     31.0s    0.0  HTTP 503 (x4)",
+        "demo-5      STARTED  failed       -                    -      2        77"
+        "         -         -      -  no message handled for 300 s: connectio~",
+        "demo-6      STARTED  pending      w-3             lapsed      1        12"
+        "      2.2s         -      -",
+        "demo-7      STOPPED  stopped      -                    -      2         9"
+        "         -         -      -",
+        "demo-10     STARTED  streaming    w-2               5.0s      3        40"
+        "      2.2s     12.3s  0.033  closed by upstream (1011) (x2)",  # natural order
+    ]
+    assert render.fleet_table([]) == ["no connections"]
+
+
+def test_a_view_without_health_shows_none() -> None:
+    # An API from before the health fields: the columns are there, with "-".
+    health = ("status", "seconds_since_last_message", "reconnects", "last_error")
+    older = {k: v for k, v in view("a").items() if k not in {*health, "messages_per_second"}}
+    assert render.fleet_table([older])[1].split() == [
+        "a",
+        "STARTED",
+        "-",
+        "worker-a",
+        "1.5s",
+        "2",
+        "40",
+        "2.2s",
+        "-",
+        "-",
+    ]
+    assert render.fleet_totals([older]) == (
+        "1 connection: 1 STARTED (1 unknown), 0 STOPPED; owned by 1 worker; 0.0 msg/s"
     )
-    rows = [line.split() for line in lines[1:]]
-    assert rows == [
-        ["demo-2", "STARTED", "w-1", "17.3s", "1", "125", "2.2s", "5.0"],
-        ["demo-3", "STARTED", "-", "-", "2", "77", "-", "-"],
-        ["demo-4", "STOPPED", "-", "-", "2", "9", "-", "-"],
-        ["demo-5", "STARTED", "w-3", "lapsed", "1", "12", "2.2s", "-"],
-        ["demo-6", "STARTED", "w-4", "dead", "2", "8", "12.0s", "-"],
-        ["demo-10", "STARTED", "w-2", "5.0s", "3", "40", "2.2s", "0.0"],  # natural order
-    ]
-    assert render.fleet_table([], {}) == ["no connections"]
+
+
+@pytest.mark.parametrize(
+    ("rate", "shown"),
+    [
+        (None, "-"),
+        ("5", "-"),
+        (True, "-"),
+        (0, "0.0"),
+        (0.0, "0.0"),
+        (0.0033, "0.0033"),  # two significant digits, as the owner rounds them
+        (0.033, "0.033"),
+        (0.1, "0.1"),
+        (0.46, "0.5"),
+        (12, "12.0"),
+        (1200, "1200.0"),
+    ],
+)
+def test_format_rate(rate: Any, shown: str) -> None:
+    assert render.format_rate(rate) == shown
+
+
+@pytest.mark.parametrize(
+    ("changes", "shown"),
+    [
+        ({}, ""),
+        ({"last_error": "HTTP 503", "reconnects": 4}, "HTTP 503 (x4)"),
+        ({"last_error": "HTTP 503", "reconnects": 0}, "HTTP 503"),
+        ({"last_error": "HTTP 403 from upstream", "reconnects": None}, "HTTP 403 from upstream"),
+        ({"last_error": "", "reconnects": 3}, ""),  # reconnects alone are not an error
+        ({"last_error": "a\n b\tc", "reconnects": 1}, "a b c (x1)"),  # one line
+        ({"last_error": "x" * 40, "reconnects": 0}, "x" * 40),
+        ({"last_error": "x" * 41, "reconnects": 0}, "x" * 39 + "~"),
+        ({"last_error": PARKED, "reconnects": None}, "no message handled for 300 s: connectio~"),
+        (
+            {"last_error": PARKED, "reconnects": 12},
+            "no message handled for 300 s: con~ (x12)",  # the count is kept
+        ),
+    ],
+)
+def test_format_error(changes: dict[str, Any], shown: str) -> None:
+    error = render.format_error(view("c", **changes))
+    assert error == shown
+    assert len(error) <= render.ERROR_WIDTH
 
 
 def test_fleet_table_columns_line_up() -> None:
     lines = render.fleet_table(
         [
-            view("a", owner="local-worker-1", last_seq=7),
-            view("much-longer-id", owner="w", session_seconds_left=15.0, last_seq=123456),
-        ],
-        {"a": 12.25, "much-longer-id": None},
+            view("a", owner="local-worker-1", last_seq=7, messages_per_second=12.25),
+            view(
+                "much-longer-id",
+                owner="w",
+                session_seconds_left=15.0,
+                last_seq=123456,
+                seconds_since_last_message=1234.5,
+                messages_per_second=None,
+            ),
+        ]
     )
     header, *rows = lines
-    for column in ("SESSION LEFT", "EPOCH", "LAST_SEQ", "CKPT AGE", "MSG/S"):
+    for column in ("SESSION LEFT", "EPOCH", "LAST_SEQ", "CKPT AGE", "LAST MSG", "MSG/S"):
         # Numbers are right-aligned: they end where their header ends.
         end = header.index(column) + len(column)
         for row in rows:
@@ -221,27 +388,54 @@ def test_fleet_table_columns_line_up() -> None:
 
 
 def test_fleet_totals() -> None:
-    rates = {"demo-2": 5.0, "demo-10": 0.5, "demo-5": None}
-    assert render.fleet_totals(fleet(), rates) == (
-        "6 connections: 5 STARTED (4 owned, 2 lapsed), 1 STOPPED; owned by 4 workers; 5.5 msg/s"
+    assert render.fleet_totals(fleet()) == (
+        "7 connections: 6 STARTED (2 streaming, 1 connecting, 1 backing off, 1 failed, "
+        "1 pending), 1 STOPPED; owned by 4 workers; 5.0 msg/s"
     )
-    assert render.fleet_totals([], {}) == (
-        "0 connections: 0 STARTED (0 owned, 0 lapsed), 0 STOPPED; owned by 0 workers; 0.0 msg/s"
+    assert render.fleet_totals([]) == (
+        "0 connections: 0 STARTED, 0 STOPPED; owned by 0 workers; 0.0 msg/s"
+    )
+
+
+def test_fleet_totals_sum_the_views_rates() -> None:
+    views = [
+        view("a", owner="w-1", messages_per_second=12.0),
+        view("b", owner="w-1", messages_per_second=12.0),
+        view("c", owner="w-2", messages_per_second=4.5),
+        view("d", owner="w-2", messages_per_second=0.5),
+        view("e", owner="w-2", status="failed", messages_per_second=None),
+        free("f", state="STOPPED", status="stopped"),
+    ]
+    assert render.fleet_totals(views) == (
+        "6 connections: 5 STARTED (4 streaming, 1 failed), 1 STOPPED; owned by 2 workers; "
+        "29.0 msg/s"
+    )
+
+
+def test_fleet_totals_count_a_status_they_do_not_know() -> None:
+    views = [view("a"), view("b", status="draining"), view("c", status=None)]
+    assert render.fleet_totals(views).startswith(
+        "3 connections: 3 STARTED (1 streaming, 1 draining, 1 unknown), 0 STOPPED;"
     )
 
 
 def test_summary_line() -> None:
-    assert render.summary_line(fleet(), {"demo-2": 5.0, "demo-10": 0.0}) == (
-        "6 connections, 4 owned | demo-2 seq=125 owner=w-1 5.0/s; demo-3 seq=77 owner=-; "
-        "demo-4 seq=9 owner=-; demo-5 seq=12 owner=w-3 (lapsed); "
-        "demo-6 seq=8 owner=w-4 (lapsed); demo-10 seq=40 owner=w-2 0.0/s"
+    assert render.summary_line(fleet()) == (
+        "7 connections, 2 streaming, 5.0 msg/s | "
+        "demo-2 seq=125 owner=w-1 streaming 5.0/s; demo-3 seq=40 owner=worker-a connecting; "
+        "demo-4 seq=40 owner=w-2 backing_off 0.0/s; demo-5 seq=77 owner=- failed; "
+        "demo-6 seq=12 owner=w-3 pending; demo-7 seq=9 owner=- stopped; "
+        "demo-10 seq=40 owner=w-2 streaming 0.033/s"
     )
-    assert render.summary_line([], {}) == "0 connections, 0 owned"
+    assert render.summary_line([]) == "0 connections, 0 streaming, 0.0 msg/s"
 
 
 def test_summary_line_names_a_bounded_number_of_connections() -> None:
-    line = render.summary_line([view(f"c-{i}", last_seq=i) for i in range(20)], {})
-    assert line.startswith("20 connections, 20 owned | c-0 seq=0 owner=worker-a; c-1 seq=1")
+    line = render.summary_line([view(f"c-{i}", last_seq=i) for i in range(20)])
+    assert line.startswith(
+        "20 connections, 20 streaming, 100.0 msg/s | c-0 seq=0 owner=worker-a streaming 5.0/s; "
+        "c-1 seq=1"
+    )
     assert "c-11 seq=11" in line
     assert "c-12" not in line
     assert line.endswith("; ... 8 more")
@@ -253,26 +447,34 @@ def test_watch_frame() -> None:
         clock="12:00:01",
         interval_s=1.0,
         views=[
-            view("demo-2", owner="worker-b", last_seq=90),
-            view("demo-1"),
-            free("demo-3", state="STOPPED"),
+            view("demo-2", owner="worker-b", last_seq=90, messages_per_second=19.5),
+            view("demo-1", messages_per_second=20),
+            free("demo-3", state="STOPPED", status="stopped"),
         ],
-        rates={"demo-1": 20.0, "demo-2": 19.5, "demo-3": None},
     )
-    lines = render.watch_lines(frame)
-    assert lines[0] == "fleet at http://127.0.0.1:8080  12:00:01  every 1s  (Ctrl-C quits)"
-    assert lines[1] == render.fleet_totals(frame.views, frame.rates)
-    assert lines[1].endswith("; owned by 2 workers; 39.5 msg/s")
-    assert lines[2] == ""
-    # The table is the shared fleet table, unchanged.
-    assert lines[3:] == render.fleet_table(frame.views, frame.rates)
-    rows = [line.split() for line in lines[4:]]
-    assert rows[0] == ["demo-1", "STARTED", "worker-a", "1.5s", "2", "40", "2.2s", "20.0"]
-    assert rows[2] == ["demo-3", "STOPPED", "-", "-", "2", "40", "-", "-"]
+    assert render.watch_lines(frame) == [
+        "fleet at http://127.0.0.1:8080  12:00:01  every 1s  (Ctrl-C quits)",
+        "3 connections: 2 STARTED (2 streaming), 1 STOPPED; owned by 2 workers; 39.5 msg/s",
+        "",
+        # The table is the shared fleet table.
+        *render.fleet_table(frame.views),
+    ]
+    assert render.watch_lines(frame)[4].split() == [
+        "demo-1",
+        "STARTED",
+        "streaming",
+        "worker-a",
+        "1.5s",
+        "2",
+        "40",
+        "2.2s",
+        "0.4s",
+        "20.0",
+    ]
 
 
 def test_watch_frame_shows_a_retried_error_and_an_empty_fleet() -> None:
-    frame = render.WatchFrame("http://x", "00:00:00", 0.5, [], {}, error="HTTP 503 x: y")
+    frame = render.WatchFrame("http://x", "00:00:00", 0.5, [], error="HTTP 503 x: y")
     assert render.watch_lines(frame)[2:] == [
         "error: HTTP 503 x: y (retrying)",
         "",

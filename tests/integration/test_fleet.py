@@ -42,23 +42,6 @@ def busiest(fleet: Fleet, procs: list[WorkerProcess], ids: list[str]):
     return victim, theirs
 
 
-def assert_clean_audit(fleet: Fleet) -> None:
-    records = fleet.records()
-    assert records
-    assert stale_deliveries(records) == []
-    assert lost_seqs(records) == {}
-
-
-def keep_flowing(fleet: Fleet, ids: list[str], more: int = 10) -> None:
-    """Wait until every connection has moved ``more`` seqs past where it is now."""
-    targets = {cid: fleet.highest_seq(cid) + more for cid in ids}
-    wait_until(
-        lambda: all(fleet.highest_seq(cid) >= target for cid, target in targets.items()),
-        scaled(15),
-        "deliveries to continue",
-    )
-
-
 def handled_elsewhere_at(fleet: Fleet, cid: str, victim: str, after: float) -> float | None:
     times = [
         r.t
@@ -84,8 +67,8 @@ def test_sigkill_fails_over_within_the_crash_bound(fleet):
     )
     failover = max(times) - killed_at
     print(f"crash failover: {failover:.2f} s (bound {CRASH_BOUND:.2f} s)")
-    keep_flowing(fleet, ids)
-    assert_clean_audit(fleet)
+    fleet.keep_flowing(ids)
+    fleet.assert_clean_audit()
     assert all(fleet.item(cid).lease_epoch >= 2 for cid in theirs)
 
 
@@ -103,8 +86,8 @@ def test_sigterm_hands_off_within_a_second_without_gap_or_duplicate(fleet):
     print(f"graceful handoff: {max(times) - termed_at:.3f} s (bound {HANDOFF_BOUND} s)")
     assert victim.wait(timeout=scaled(15)) == 0
     assert "worker stopped" in victim.log()
-    keep_flowing(fleet, theirs)
-    assert_clean_audit(fleet)
+    fleet.keep_flowing(theirs)
+    fleet.assert_clean_audit()
     duplicates = duplicate_count(fleet.records())
     assert {cid: duplicates.get(cid, 0) for cid in theirs} == dict.fromkeys(theirs, 0)
 
@@ -170,14 +153,14 @@ def test_paused_worker_handles_nothing_for_connections_it_lost(fleet):
         scaled(2 * TIMING.lease),
         "the resumed worker to drop its stale connections",
     )
-    keep_flowing(fleet, theirs)
+    fleet.keep_flowing(theirs)
     late = [
         r
         for r in fleet.records()
         if r.worker == victim.worker_id and r.connection_id in theirs and r.t >= resumed_at
     ]
     assert late == []
-    assert_clean_audit(fleet)
+    fleet.assert_clean_audit()
     assert victim.poll() is None  # alive and well after the pause
 
 
@@ -212,7 +195,7 @@ def test_a_stop_closes_the_upstream_socket_within_a_heartbeat(fleet, feed_servic
     assert item.expires_at is not None
     assert all(r.t <= closed[0] for r in fleet.records() if r.connection_id == "stop-me")
     assert len(stream_events(feed_service.log_path, "stop-me", "open")) == 1  # no reconnect
-    assert_clean_audit(fleet)
+    fleet.assert_clean_audit()
 
 
 def test_the_reassign_hint_hands_off_without_waiting_for_a_reconcile(fleet):
@@ -236,7 +219,7 @@ def test_the_reassign_hint_hands_off_without_waiting_for_a_reconcile(fleet):
     print(f"handoff through reassign hints: {max(times) - termed_at:.3f} s")
     assert victim.wait(scaled(15)) == 0
     assert victim.log().count('"message":"connection ended"') == len(ids)
-    assert_clean_audit(fleet)
+    fleet.assert_clean_audit()
 
 
 def test_worker_metrics_move_with_the_events_that_should_move_them(fleet):
@@ -289,7 +272,7 @@ def test_worker_metrics_move_with_the_events_that_should_move_them(fleet):
             scaled(10),
             "LeasesLost from the healed worker, which learns of the reap",
         )
-    assert_clean_audit(fleet)
+    fleet.assert_clean_audit()
 
 
 @pytest.mark.parametrize(
@@ -300,7 +283,7 @@ def test_upstream_faults_reconnect_and_resume_without_loss(fleet, fault):
     worker = fleet.start_worker("w")
     fleet.start_connection("flaky", fleet.feed("flaky", **{name: value}))
     wait_until(lambda: fleet.highest_seq("flaky") >= 25, scaled(30), "25 seqs through the faults")
-    assert_clean_audit(fleet)
+    fleet.assert_clean_audit()
     assert duplicate_count(fleet.records()) == {}
     if name != "garbage_after":  # a garbage frame is skipped, not a reason to reconnect
         assert worker.log().count('"message":"upstream connected"') >= 2
@@ -387,7 +370,7 @@ def test_failing_handler_is_retried_and_the_checkpoint_waits(fleet):
     attempts = [r for r in fleet.records() if r.seq == 3]
     assert [r.failed for r in attempts] == [True] * 8 + [False]
     assert [r.seq for r in fleet.records()][:11] == [1, 2] + [3] * 9
-    assert_clean_audit(fleet)
+    fleet.assert_clean_audit()
     wait_until(
         lambda: sum(sum(d["HandlerErrors"]) for d in emf_documents(worker.log_path)) >= 2,
         scaled(10),

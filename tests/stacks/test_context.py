@@ -47,6 +47,8 @@ OVERRIDES = {
     "fleet:dlqMaxReceiveCount": "3",
     "fleet:routerReservedConcurrency": "25",
     "fleet:startAgeAlarmSeconds": "900",
+    "fleet:upstreamConnectBurst": "0",
+    "fleet:upstreamConnectsPerSecond": "12.5",
 }
 
 
@@ -171,6 +173,14 @@ def test_router_reserved_concurrency_follows_context(overridden: Synthesized) ->
     assert function["ReservedConcurrentExecutions"] == 25
 
 
+def test_connect_pacing_follows_context(overridden: Synthesized) -> None:
+    _, task = only(overridden.resources, "AWS::ECS::TaskDefinition")
+    (container,) = task["ContainerDefinitions"]
+    env = {e["Name"]: e["Value"] for e in container["Environment"]}
+    assert env["UPSTREAM_CONNECT_BURST"] == "0"
+    assert env["UPSTREAM_CONNECTS_PER_SECOND"] == "12.5"
+
+
 def _settings(context: dict[str, Any]) -> Any:
     return settings_from_context(cdk.App(context=context).node)
 
@@ -203,6 +213,11 @@ def _settings(context: dict[str, Any]) -> Any:
         ({"fleet:routerReservedConcurrency": "12.5"}, "routerReservedConcurrency"),
         ({"fleet:routerReservedConcurrency": "true"}, "routerReservedConcurrency"),
         ({"fleet:routerReservedConcurrency": "many"}, "routerReservedConcurrency"),
+        ({"fleet:upstreamConnectBurst": "-1"}, "upstreamConnectBurst"),
+        ({"fleet:upstreamConnectBurst": "2.5"}, "upstreamConnectBurst"),
+        ({"fleet:upstreamConnectsPerSecond": "-1"}, "upstreamConnectsPerSecond"),
+        ({"fleet:upstreamConnectsPerSecond": "fast"}, "upstreamConnectsPerSecond"),
+        ({"fleet:upstreamConnectsPerSecond": "inf"}, "upstreamConnectsPerSecond"),
         ({ENVIRONMENT_KEY: "staging"}, "staging"),
         ({"fleet:eventBusName": "default"}, "default bus"),
         ({"fleet:eventBusName": "my bus"}, "eventBusName"),

@@ -81,6 +81,8 @@ def test_worker_environment_uses_the_worker_names_and_never_sets_worker_id(
     assert env[worker_env.LEASE_SECONDS] == "2.5"
     assert env[worker_env.MAX_CONNECTIONS] == "500"
     assert env[worker_env.REASSIGN_ON_RELEASE] == "true"
+    assert env[worker_env.UPSTREAM_CONNECT_BURST] == "200"
+    assert env[worker_env.UPSTREAM_CONNECTS_PER_SECOND] == "100"
     assert env[worker_env.METRICS_NAMESPACE] == metric_names.DEFAULT_NAMESPACE
     assert env[worker_env.SERVICE_NAME] == synth.settings.service_name
     assert str(env[worker_env.HEALTH_FILE]).startswith("/tmp/")
@@ -88,6 +90,7 @@ def test_worker_environment_uses_the_worker_names_and_never_sets_worker_id(
     config = _worker_config(synth)
     assert config.max_connections == 500
     assert config.timing == synth.settings.timing
+    assert (config.upstream_connect_burst, config.upstream_connects_per_second) == (200, 100)
 
 
 def test_worker_timing_is_the_session_design_default(synth: Synthesized) -> None:

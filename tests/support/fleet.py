@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from local_stack.audit import Record, load_records
+from local_stack.audit import Record, load_records, lost_seqs, stale_deliveries
 from local_stack.clock import now_ms, wait_until
 from local_stack.fleet import Deployment, feed_url
 from local_stack.process_env import Endpoints
@@ -95,6 +95,22 @@ class Fleet(Deployment):
             )
 
         wait_until(all_flowing, timeout, f"deliveries on {connection_ids}")
+
+    def keep_flowing(self, connection_ids: list[str], more: int = 10) -> None:
+        """Wait until every connection has moved ``more`` seqs past where it is now."""
+        targets = {cid: self.highest_seq(cid) + more for cid in connection_ids}
+        wait_until(
+            lambda: all(self.highest_seq(cid) >= target for cid, target in targets.items()),
+            scaled(15),
+            "deliveries to continue",
+        )
+
+    def assert_clean_audit(self) -> None:
+        """Something was handled, nothing under a superseded epoch, no seq lost."""
+        records = self.records()
+        assert records
+        assert stale_deliveries(records) == []
+        assert lost_seqs(records) == {}
 
     def owners(self, connection_ids: list[str]) -> dict[str, str | None]:
         return {cid: self.item(cid).lease_owner for cid in connection_ids}

@@ -13,6 +13,8 @@ def test_defaults():
     assert config.timing == LeaseTiming.from_lease(2.5)
     assert config.timing.lease == 2.5
     assert config.upstream_fail_after == 600
+    assert config.upstream_connect_burst == 200
+    assert config.upstream_connects_per_second == 100
     assert config.timing.heartbeat == pytest.approx(0.6)
     assert config.timing.reconcile == pytest.approx(0.6)
     assert config.timing.skew == 0.25
@@ -82,11 +84,47 @@ def test_overrides():
         (BASE | {"UPSTREAM_FAIL_AFTER_SECONDS": "0"}, "UPSTREAM_FAIL_AFTER_SECONDS must be > 0"),
         (BASE | {"UPSTREAM_FAIL_AFTER_SECONDS": "-1"}, "UPSTREAM_FAIL_AFTER_SECONDS must be > 0"),
         (BASE | {"UPSTREAM_FAIL_AFTER_SECONDS": "soon"}, "UPSTREAM_FAIL_AFTER_SECONDS must be"),
+        (BASE | {"UPSTREAM_CONNECT_BURST": "-1"}, "UPSTREAM_CONNECT_BURST must be >= 0"),
+        (BASE | {"UPSTREAM_CONNECT_BURST": "2.5"}, "UPSTREAM_CONNECT_BURST must be an integer"),
+        (BASE | {"UPSTREAM_CONNECT_BURST": "lots"}, "UPSTREAM_CONNECT_BURST must be an integer"),
+        (
+            BASE | {"UPSTREAM_CONNECTS_PER_SECOND": "-0.5"},
+            "UPSTREAM_CONNECTS_PER_SECOND must be a finite number >= 0",
+        ),
+        (
+            BASE | {"UPSTREAM_CONNECTS_PER_SECOND": "inf"},
+            "UPSTREAM_CONNECTS_PER_SECOND must be a finite number >= 0",
+        ),
+        (
+            BASE | {"UPSTREAM_CONNECTS_PER_SECOND": "nan"},
+            "UPSTREAM_CONNECTS_PER_SECOND must be a finite number >= 0",
+        ),
+        (
+            BASE | {"UPSTREAM_CONNECTS_PER_SECOND": "fast"},
+            "UPSTREAM_CONNECTS_PER_SECOND must be a number per second, got 'fast'",
+        ),
     ],
 )
 def test_bad_settings_fail_fast_naming_the_variable(env, fragment):
     with pytest.raises(ConfigError, match=fragment):
         WorkerConfig.from_env(env)
+
+
+@pytest.mark.parametrize(
+    ("env", "burst", "rate"),
+    [
+        ({}, 200, 100.0),
+        ({"UPSTREAM_CONNECT_BURST": " ", "UPSTREAM_CONNECTS_PER_SECOND": ""}, 200, 100.0),
+        ({"UPSTREAM_CONNECT_BURST": "10", "UPSTREAM_CONNECTS_PER_SECOND": "20"}, 10, 20.0),
+        ({"UPSTREAM_CONNECTS_PER_SECOND": "2.5"}, 200, 2.5),
+        # 0 in either: no pacing
+        ({"UPSTREAM_CONNECT_BURST": "0"}, 0, 100.0),
+        ({"UPSTREAM_CONNECTS_PER_SECOND": "0"}, 200, 0.0),
+    ],
+)
+def test_connect_pacing(env, burst, rate):
+    config = WorkerConfig.from_env(BASE | env)
+    assert (config.upstream_connect_burst, config.upstream_connects_per_second) == (burst, rate)
 
 
 @pytest.mark.parametrize(

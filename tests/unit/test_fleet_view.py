@@ -1,10 +1,9 @@
 """The local live view: one Scan of the table (connections, worker sessions, checkpoint
-pages) shown through the router's view, fleetctl's renderer and its rate rule, with
-fixed items and a fixed clock."""
+pages) shown through the router's view and fleetctl's renderer, health and the owners'
+own messages/s included, with fixed items and a fixed clock."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -37,6 +36,7 @@ def connection(
     epoch: int = 1,
     last_seq: int = 0,
     start_gen: int = 1,
+    parked_reason: str | None = None,
 ) -> dict[str, Any]:
     """A connection item as a Scan returns it (typed attributes)."""
     plain: dict[str, Any] = {
@@ -51,6 +51,8 @@ def connection(
     }
     if owner is not None:
         plain |= {schema.LEASE_OWNER: owner, schema.OWNER_SESSION_GEN: GEN}
+    if parked_reason is not None:
+        plain |= {schema.PARKED_REASON: parked_reason, schema.PARKED_AT_MS: NOW_MS - 5_000}
     return {name: to_attribute(value) for name, value in plain.items()}
 
 
@@ -64,30 +66,27 @@ def session(worker_id: str, *, left_ms: int = 1_500, state: str = "ALIVE") -> di
     return {name: to_attribute(value) for name, value in plain.items()}
 
 
-def page(worker_id: str, written_at_ms: int, **seqs: int | tuple[int, int]) -> dict[str, Any]:
-    """``worker_id``'s page: ``connection=seq`` (epoch 1), or ``connection=(epoch, seq)``."""
+def page(
+    worker_id: str, written_at_ms: int, **seqs: int | tuple[int, int] | PageEntry
+) -> dict[str, Any]:
+    """``worker_id``'s page: ``connection=seq`` (epoch 1, advanced 100 ms before the
+    write, 5 msg/s, streaming), ``connection=(epoch, seq)``, or a whole entry."""
     entries = {}
     for cid, value in seqs.items():
-        epoch, seq = value if isinstance(value, tuple) else (1, value)
-        entries[cid.replace("_", "-")] = PageEntry(epoch, 0, seq, written_at_ms - 100)
+        if not isinstance(value, PageEntry):
+            epoch, seq = value if isinstance(value, tuple) else (1, value)
+            value = PageEntry(epoch, 0, seq, written_at_ms - 100, rate=5.0)
+        entries[cid.replace("_", "-")] = value
     return page_item(worker_id, GEN, entries, written_at_ms)
 
 
-@dataclass
-class LiveView:
-    """What the runner does each refresh: Scan -> API views -> rule -> frame."""
-
-    progress: dict[str, rates.Progress] = field(default_factory=dict)
-
-    def refresh(
-        self,
-        scanned: list[dict[str, Any]],
-        workers: list[WorkerStatus] | None = None,
-        now_ms: int = NOW_MS,
-    ) -> list[str]:
-        views = views_of_table(scanned, now_ms)
-        self.progress = rates.track(self.progress, views)
-        return render_lines(views, rates.shown_rates(views, self.progress), workers or [])
+def refresh(
+    scanned: list[dict[str, Any]],
+    workers: list[WorkerStatus] | None = None,
+    now_ms: int = NOW_MS,
+) -> list[str]:
+    """What the runner does each refresh: Scan -> API views -> frame."""
+    return render_lines(views_of_table(scanned, now_ms), workers or [])
 
 
 def rows_by_id(lines: list[str]) -> dict[str, list[str]]:
@@ -102,7 +101,7 @@ def rows_by_id(lines: list[str]) -> dict[str, list[str]]:
     return rows
 
 
-SESSION_LEFT, LAST_SEQ, CKPT_AGE, MSG_S = 3, 5, 6, 7
+STATUS, SESSION_LEFT, LAST_SEQ, CKPT_AGE, LAST_MSG, MSG_S = 2, 4, 6, 7, 8, 9
 
 
 # --- a Scan as the API shows it -------------------------------------------------------
@@ -120,18 +119,20 @@ def test_a_scan_becomes_the_api_views_with_each_owners_session_and_page() -> Non
     a, b = (ConnectionItem.from_dynamodb(scanned[i]) for i in (0, 3))
     w1 = OwnerRecords(
         SessionItem.from_dynamodb(scanned[1]),
-        CheckpointPage(NOW_MS - 2_000, {"a": PageEntry(1, 0, 40, NOW_MS - 2_100)}),
+        CheckpointPage(NOW_MS - 2_000, {"a": PageEntry(1, 0, 40, NOW_MS - 2_100, rate=5.0)}),
     )
     assert views == [connection_view(a, NOW_MS, w1), connection_view(b, NOW_MS)]
     assert (views[0]["last_seq"], views[0]["checkpoint_age_seconds"]) == (40, 2.0)
     assert (views[0]["owner_session_state"], views[0]["session_seconds_left"]) == ("ALIVE", 1.5)
+    assert (views[0]["status"], views[0]["messages_per_second"]) == ("streaming", 5.0)
+    assert views[0]["seconds_since_last_message"] == 2.1
 
 
 def test_sessions_and_pages_are_never_rows() -> None:
     contents = sort_table([session("w-1"), page("w-1", NOW_MS, a=1), connection("a")])
     assert [item.connection_id for item in contents.connections] == ["a"]
     assert set(contents.owners) == {("w-1", GEN)}
-    lines = LiveView().refresh([session("w-1"), page("w-1", NOW_MS)])
+    lines = refresh([session("w-1"), page("w-1", NOW_MS)])
     assert "no connections" in lines
 
 
@@ -159,7 +160,7 @@ def test_views_of_items_without_records_show_no_session() -> None:
     ],
 )
 def test_session_left(owner: str | None, records: list[dict[str, Any]], shown: str) -> None:
-    lines = LiveView().refresh([connection("c", owner=owner), *records])
+    lines = refresh([connection("c", owner=owner), *records])
     assert rows_by_id(lines)["c"][SESSION_LEFT] == shown
 
 
@@ -174,7 +175,7 @@ def test_the_checkpoint_comes_from_the_owners_page(
     entry: int | tuple[int, int], last_seq: str, age: str
 ) -> None:
     scanned = [connection("c", owner="w-1", last_seq=7), session("w-1")]
-    lines = LiveView().refresh([*scanned, page("w-1", NOW_MS - 2_500, c=entry)])
+    lines = refresh([*scanned, page("w-1", NOW_MS - 2_500, c=entry)])
     assert rows_by_id(lines)["c"][LAST_SEQ : CKPT_AGE + 1] == [last_seq, age]
 
 
@@ -187,103 +188,118 @@ def test_the_table_is_fleetctls_fleet_table() -> None:
         connection("demo-2", owner="w-1", last_seq=125),
         session("w-1", left_ms=17_349),
         session("w-2", left_ms=4_960),
+        page("w-1", NOW_MS - 2_000, demo_2=130),
     ]
     views = views_of_table(scanned, NOW_MS)
-    shown = {"demo-2": 5.0, "demo-10": None}
-    lines = render_lines(views, shown)
+    lines = render_lines(views)
     assert lines[0] == rates.RATE_LEGEND
-    table = render.fleet_table(views, shown)
+    table = render.fleet_table(views)
     assert lines[2 : 2 + len(table)] == table
-    assert lines[2 + len(table) + 1] == render.fleet_totals(views, shown)
-
-
-def refreshed_twice(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[str]:
-    live = LiveView()
-    assert rows_by_id(live.refresh(before))["c"][MSG_S] == "-"
-    return rows_by_id(live.refresh(after))["c"]
+    assert lines[2 + len(table) + 1] == render.fleet_totals(views)
+    assert lines[2 + len(table) + 1] == (
+        "2 connections: 2 STARTED (1 streaming, 1 connecting), 0 STOPPED; owned by 2 workers; "
+        "5.0 msg/s"
+    )
 
 
 OWNED = [connection("c", owner="w-1"), session("w-1", left_ms=10_000)]
 
 
+def entry(**health: Any) -> PageEntry:
+    """The entry of ``c`` in a page written at ``NOW_MS - 2_000``: seq 100, advanced
+    100 ms before the write, 5 msg/s, streaming, unless ``health`` says otherwise."""
+    return PageEntry(1, 0, 100, NOW_MS - 2_100, **({"rate": 5.0} | health))
+
+
 @pytest.mark.parametrize(
-    ("before", "after", "shown"),
+    ("scanned", "status", "last_msg", "msg_s", "error"),
     [
         pytest.param(
-            [*OWNED, page("w-1", NOW_MS - 6_000, c=100)],
-            [*OWNED, page("w-1", NOW_MS - 1_000, c=125)],
+            [*OWNED, page("w-1", NOW_MS - 2_000, c=entry())],
+            "streaming",
+            "2.1s",
             "5.0",
-            id="advance: 25 over the 5 s between the two pages",
+            "",
+            id="streaming: the owner's rate, time since the message",
         ),
         pytest.param(
-            [*OWNED, page("w-1", NOW_MS - 6_000, c=100)],
-            [*OWNED, page("w-1", NOW_MS - 1_000, c=100)],
-            "0.0",
-            id="a page written without advance (another connection moved)",
-        ),
-        pytest.param(
-            [*OWNED, page("w-1", NOW_MS - 1_000, c=100)],
-            [*OWNED, page("w-1", NOW_MS - 1_000, c=100)],
-            "-",
-            id="no page since the first refresh",
-        ),
-        pytest.param(
-            [*OWNED, page("w-1", NOW_MS - 6_000, c=500)],
-            [connection("c", owner="w-1", start_gen=2), OWNED[1], page("w-1", NOW_MS, c=3)],
-            "-",
-            id="restart resets last_seq",
-        ),
-        pytest.param(
-            [*OWNED, page("w-1", NOW_MS - 6_000, c=500)],
             [
-                connection("c", owner="w-1", epoch=2),
-                OWNED[1],
-                page("w-1", NOW_MS - 1_000, c=(2, 525)),
+                *OWNED,
+                page(
+                    "w-1",
+                    NOW_MS - 2_000,
+                    c=entry(rate=0, status="backing_off", reconnects=4, last_error="HTTP 503"),
+                ),
             ],
-            "-",
-            id="a new hold",
+            "backing_off",
+            "2.1s",
+            "0.0",
+            "HTTP 503 (x4)",
+            id="backing off after failures",
         ),
         pytest.param(
-            [*OWNED, page("w-1", NOW_MS - 6_000, c=100)],
-            [connection("c", last_seq=125), OWNED[1], page("w-1", NOW_MS - 1_000, c=125)],
+            [
+                *OWNED,
+                page(
+                    "w-1",
+                    NOW_MS - 2_000,
+                    c=PageEntry(1, 0, 0, None, rate=None, status="connecting"),
+                ),
+            ],
+            "connecting",
             "-",
-            id="released: no owner",
+            "-",
+            "",
+            id="connecting: nothing handled yet",
+        ),
+        pytest.param(OWNED, "connecting", "-", "-", "", id="owned, no page line yet"),
+        pytest.param(
+            [OWNED[0], session("w-1", state="DEAD"), page("w-1", NOW_MS - 2_000, c=entry())],
+            "pending",
+            "-",
+            "-",
+            "",
+            id="the owner's session reaped: its page no longer counts",
         ),
         pytest.param(
-            [*OWNED, page("w-1", NOW_MS - 6_000, c=100)],
-            [OWNED[0], session("w-1", state="DEAD"), page("w-1", NOW_MS - 1_000, c=125)],
+            [OWNED[0], session("w-1", left_ms=-100), page("w-1", NOW_MS - 2_000, c=entry())],
+            "pending",
             "-",
-            id="the owner's session reaped",
+            "-",
+            "",
+            id="the owner's session lapsed",
         ),
+        pytest.param([connection("c")], "pending", "-", "-", "", id="free"),
+        pytest.param(
+            [connection("c", parked_reason="HTTP 403 from upstream")],
+            "failed",
+            "-",
+            "-",
+            "HTTP 403 from upstream",
+            id="parked",
+        ),
+        pytest.param([connection("c", state="STOPPED")], "stopped", "-", "-", "", id="stopped"),
     ],
 )
-def test_msg_per_s_over_two_refreshes(
-    before: list[dict[str, Any]], after: list[dict[str, Any]], shown: str
+def test_health_comes_from_the_owners_page(
+    scanned: list[dict[str, Any]], status: str, last_msg: str, msg_s: str, error: str
 ) -> None:
-    assert refreshed_twice(before, after)[MSG_S] == shown
+    line = next(line for line in refresh(scanned) if line.startswith("c "))
+    cells = line.split()
+    assert (cells[STATUS], cells[LAST_MSG], cells[MSG_S]) == (status, last_msg, msg_s)
+    assert " ".join(cells[MSG_S + 1 :]) == error
 
 
-def test_the_rate_stays_between_pages_whatever_the_refreshes() -> None:
-    live = LiveView()
-    first = [*OWNED, page("w-1", NOW_MS, c=100)]
-    second = [*OWNED, page("w-1", NOW_MS + 4_000, c=125)]
-    frames = [
-        live.refresh(scanned, now_ms=NOW_MS + at_ms)
-        for scanned, at_ms in [(first, 0), (first, 800), (second, 4_100), (second, 5_000)]
-    ]
-    assert [rows_by_id(frame)["c"][MSG_S] for frame in frames] == ["-", "-", "6.2", "6.2"]
+def test_the_rate_is_the_owners_whatever_the_refreshes() -> None:
+    # Nothing is measured between refreshes: every refresh of the same page shows the
+    # rate the owner wrote into it, from the first one on.
+    scanned = [*OWNED, page("w-1", NOW_MS, c=entry(rate=6.2))]
+    frames = [refresh(scanned, now_ms=NOW_MS + at_ms) for at_ms in (0, 800, 4_100, 5_000)]
+    assert [rows_by_id(frame)["c"][MSG_S] for frame in frames] == ["6.2"] * 4
     totals = next(line for line in frames[-1] if line.startswith("1 connection:"))
-    assert totals.endswith("; 6.2 msg/s")
-
-
-def test_an_idle_connection_falls_to_zero_once_its_page_stops_changing() -> None:
-    live = LiveView()
-    owned = [connection("c", owner="w-1"), session("w-1", left_ms=60_000)]  # renewed on
-    live.refresh([*owned, page("w-1", NOW_MS - 5_000, c=100)], now_ms=NOW_MS - 5_000)
-    latest = [*owned, page("w-1", NOW_MS, c=125)]
-    assert rows_by_id(live.refresh(latest, now_ms=NOW_MS + 1_000))["c"][MSG_S] == "5.0"
-    # Still the same page 11 s later: the owner had nothing new to write.
-    assert rows_by_id(live.refresh(latest, now_ms=NOW_MS + 11_000))["c"][MSG_S] == "0.0"
+    assert totals == (
+        "1 connection: 1 STARTED (1 streaming), 0 STOPPED; owned by 1 worker; 6.2 msg/s"
+    )
 
 
 def test_worker_footer() -> None:
@@ -302,7 +318,7 @@ def test_worker_footer() -> None:
         WorkerStatus("local-worker-2", exit_code=-9),
         WorkerStatus("local-worker-3", exit_code=1),
     ]
-    lines = LiveView().refresh(scanned, workers)
+    lines = refresh(scanned, workers)
     footer = {line.split()[0]: line.split(None, 1)[1] for line in lines if line.startswith("  ")}
     assert footer["local-worker-1"].split() == ["alive", "holds", "2"]
     assert footer["local-worker-2"].split() == ["dead", "(signal", "9)", "holds", "1"]
@@ -311,12 +327,13 @@ def test_worker_footer() -> None:
     assert footer["elsewhere"].split() == ["not", "started", "here", "holds", "1"]
     assert "workers: 1/3 alive" in lines
     assert (
-        "5 connections: 5 STARTED (4 owned, 1 lapsed), 0 STOPPED; owned by 3 workers; 0.0 msg/s"
+        "5 connections: 5 STARTED (3 connecting, 2 pending), 0 STOPPED; owned by 3 workers; "
+        "0.0 msg/s"
     ) in lines
 
 
 def test_empty_table() -> None:
-    lines = render_lines([], {}, [WorkerStatus("w-1")])
+    lines = render_lines([], [WorkerStatus("w-1")])
     assert "no connections" in lines
     assert "workers: 1/1 alive" in lines
 
@@ -348,18 +365,18 @@ def test_summary() -> None:
         ],
         NOW_MS,
     )
-    line = summary(
-        views, {"demo-1": 5.0, "demo-2": None}, [WorkerStatus("w-1"), WorkerStatus("w-2", -9)]
-    )
+    line = summary(views, [WorkerStatus("w-1"), WorkerStatus("w-2", -9)])
     assert line == (
-        "workers 1/2 alive | 3 connections, 2 owned | demo-1 seq=55 owner=w-1 5.0/s; "
-        "demo-2 seq=30 owner=w-2 (lapsed); demo-3 seq=0 owner=-"
+        "workers 1/2 alive | 3 connections, 1 streaming, 5.0 msg/s | "
+        "demo-1 seq=55 owner=w-1 streaming 5.0/s; demo-2 seq=30 owner=w-2 pending; "
+        "demo-3 seq=0 owner=- pending"
     )
 
 
 def test_summary_of_items_without_rates() -> None:
     # The report after shutdown: released connections, final checkpoints, no rates.
     scanned = [connection("demo-1", last_seq=77), connection("demo-2", last_seq=76)]
-    assert summary(views_of_table(scanned, NOW_MS), {}, [WorkerStatus("w-1", 0)]) == (
-        "workers 0/1 alive | 2 connections, 0 owned | demo-1 seq=77 owner=-; demo-2 seq=76 owner=-"
+    assert summary(views_of_table(scanned, NOW_MS), [WorkerStatus("w-1", 0)]) == (
+        "workers 0/1 alive | 2 connections, 0 streaming, 0.0 msg/s | "
+        "demo-1 seq=77 owner=- pending; demo-2 seq=76 owner=- pending"
     )

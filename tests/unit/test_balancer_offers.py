@@ -1,0 +1,85 @@
+"""The giver's side of a move: an offer write that fails is tried again before the
+connections go to hints, and a receiver that is gone gets no second try."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from worker.balancer import OFFER_ATTEMPTS, Balancer
+from worker.metrics import FleetMetrics
+
+
+class Owner:
+    worker_id = "giver"
+    session_gen = 1
+
+    def __init__(self) -> None:
+        self.hinted: list[str] = []
+
+    def load(self) -> tuple[int, int]:
+        return (4, 10)
+
+    def movable(self) -> list[str]:
+        return ["c1", "c2", "c3", "c4"]
+
+    async def hand_off(self, connection_ids: Sequence[str]) -> list[str]:
+        return list(connection_ids)
+
+    async def send_reassign(self, connection_id: str) -> None:
+        self.hinted.append(connection_id)
+
+
+class Sessions:
+    def __init__(self, answers: list[Any]) -> None:
+        self.answers = answers
+        self.calls: list[tuple[str, int, list[str]]] = []
+
+    def offer(self, worker_id: str, session_gen: int, tokens: Sequence[str]) -> bool:
+        self.calls.append((worker_id, session_gen, sorted(tokens)))
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return bool(answer)
+
+
+def hand_to(answers: list[Any]) -> tuple[int, Owner, Sessions]:
+    owner, sessions = Owner(), Sessions(answers)
+    metrics = FleetMetrics(
+        namespace="T", service="s", task_id="giver", active_connections=lambda: 4
+    )
+    balancer = Balancer(
+        owner,  # type: ignore[arg-type]
+        sessions,  # type: ignore[arg-type]
+        None,
+        metrics=metrics,
+        wall_ms=lambda: 1_000,
+        rng=random.Random(0),
+    )
+    moved = asyncio.run(balancer._hand_to("taker#2", ["c1", "c2"], "offer", None))
+    return moved, owner, sessions
+
+
+@pytest.mark.parametrize(
+    ("answers", "moved", "calls", "hinted"),
+    [
+        ([True], 2, 1, []),
+        ([TimeoutError("slow"), True], 2, 2, []),
+        ([TimeoutError("slow")] * OFFER_ATTEMPTS, 0, OFFER_ATTEMPTS, ["c1", "c2"]),
+        ([False], 0, 1, ["c1", "c2"]),  # the receiver's session is no longer ALIVE
+    ],
+)
+def test_an_offer_is_tried_again_after_an_error_only(answers, moved, calls, hinted):
+    got, owner, sessions = hand_to(answers)
+    assert got == moved
+    assert len(sessions.calls) == calls
+    assert owner.hinted == hinted
+    # Every try carries the same tokens to the same session: ADD makes it idempotent.
+    assert {(w, g, tuple(t)) for w, g, t in sessions.calls} == {
+        ("taker", 2, tuple(sessions.calls[0][2]))
+    }
+    assert all(t.split(" ")[:2] in (["c1", "offer"], ["c2", "offer"]) for t in sessions.calls[0][2])

@@ -1,0 +1,287 @@
+"""Which upstream protocol a connection speaks, and with which options: the spec a
+start may carry (``"protocol": {"name": ..., "options": {...}}``), validated by the
+router, stored on the connection item, read by the worker that runs it.
+
+Pure and dependency-free (the worker image has no pydantic): the router validates
+with :func:`parse_spec`, the worker reads the stored form with :func:`spec_from_item`
+and fills subscribe templates with :func:`render_template`. A connection without a
+spec speaks the worker's default protocol (``UPSTREAM_PROTOCOL``).
+
+The built-in protocols (docs/DESIGN.md §4.6):
+
+- ``json-seq``: JSON objects with an integer ``seq``; resumes with ``from_seq=<next>``
+  in the URL. No options.
+- ``json-field``: JSON objects whose sequence number is at a JSON pointer
+  (``sequence``, e.g. ``"/sequence"``); the handler gets the whole object, or the value
+  at ``payload`` when given. It resumes as ``resume`` says: ``"query"`` (the next seq in
+  the URL parameter ``resume_param``), ``"subscribe"`` (the ``subscribe`` frame
+  carries it, through a ``${from_seq}`` or ``${last_seq}`` placeholder) or ``"none"``
+  (the stream cannot resume: a move loses what was sent in between).
+- ``live``: no sequence at all. Each message gets a local number; nothing resumes, and
+  the time between two owners' deliveries is measured as a gap.
+
+Any protocol may send a ``subscribe`` frame right after the handshake: a JSON value
+in which a string that is exactly a placeholder is replaced when the frame is sent:
+``${from_seq}`` and ``${last_seq}`` (numbers: the next seq and the checkpoint), and
+``${secret:<field>}`` (a string field of the connection's secret, resolved by the
+worker; never stored, never logged).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+JSON_SEQ: Final = "json-seq"
+JSON_FIELD: Final = "json-field"
+LIVE: Final = "live"
+PROTOCOL_NAMES: Final = (JSON_SEQ, JSON_FIELD, LIVE)
+
+RESUME_QUERY: Final = "query"
+RESUME_SUBSCRIBE: Final = "subscribe"
+RESUME_NONE: Final = "none"
+RESUME_MODES: Final = (RESUME_QUERY, RESUME_SUBSCRIBE, RESUME_NONE)
+
+MAX_SPEC_BYTES: Final = 4096
+"""The stored spec (compact JSON) at most: it rides on the connection item."""
+MAX_POINTER_CHARS: Final = 256
+MAX_PARAM_CHARS: Final = 64
+
+FROM_SEQ: Final = "${from_seq}"
+LAST_SEQ: Final = "${last_seq}"
+_SECRET_FIELD = re.compile(r"^\$\{secret:([A-Za-z0-9_.-]{1,64})\}$")
+_PLACEHOLDER = re.compile(r"^\$\{[^}]*\}$")
+_PARAM = re.compile(r"^[A-Za-z0-9_.~-]+$")
+
+
+class InvalidProtocolError(ValueError):
+    """The spec cannot be used; the message says why, for a 400 answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolSpec:
+    name: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_item(self) -> str:
+        """The stored form: compact JSON, keys sorted (two equal specs store alike)."""
+        return json.dumps(
+            {"name": self.name, "options": dict(self.options)},
+            separators=(",", ":"),
+            sort_keys=True,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "options": dict(self.options)}
+
+    @property
+    def resumable(self) -> bool:
+        """Whether a new owner can ask the upstream for what came after the checkpoint."""
+        if self.name == LIVE:
+            return False
+        if self.name == JSON_FIELD:
+            return bool(self.options.get("resume", RESUME_NONE) != RESUME_NONE)
+        return True
+
+    @property
+    def subscribe(self) -> Any | None:
+        """The frame to send after the handshake (a template), if any."""
+        return self.options.get("subscribe")
+
+
+def spec_from_item(stored: str | None) -> ProtocolSpec | None:
+    """The spec stored on an item (None: the worker's default). A stored spec that no
+    longer validates (written by a newer router) raises :class:`InvalidProtocolError`."""
+    if stored is None:
+        return None
+    try:
+        raw = json.loads(stored)
+    except ValueError as error:
+        raise InvalidProtocolError(f"stored protocol is not JSON: {error}") from None
+    return parse_spec(raw)
+
+
+def parse_spec(raw: Any) -> ProtocolSpec:
+    """Validate a spec as a start request carries it."""
+    if not isinstance(raw, dict):
+        raise InvalidProtocolError('protocol must be an object {"name": ..., "options": {...}}')
+    unknown = set(raw) - {"name", "options"}
+    if unknown:
+        raise InvalidProtocolError(f"protocol has unknown keys: {sorted(unknown)}")
+    name = raw.get("name")
+    if name not in PROTOCOL_NAMES:
+        raise InvalidProtocolError(
+            f"protocol name must be one of {list(PROTOCOL_NAMES)}, got {name!r}"
+        )
+    options = raw.get("options", {})
+    if not isinstance(options, dict):
+        raise InvalidProtocolError("protocol options must be an object")
+    spec = ProtocolSpec(name, options)
+    size = len(spec.to_item().encode())
+    if size > MAX_SPEC_BYTES:
+        raise InvalidProtocolError(
+            f"protocol spec is {size} bytes as JSON, more than {MAX_SPEC_BYTES}"
+        )
+    _CHECKS[name](options)
+    return spec
+
+
+# --- options, protocol by protocol --------------------------------------------------------
+
+
+def _only(options: Mapping[str, Any], allowed: set[str], name: str) -> None:
+    unknown = set(options) - allowed
+    if unknown:
+        allowed_text = sorted(allowed) if allowed else "none"
+        raise InvalidProtocolError(
+            f"{name} options: unknown {sorted(unknown)} (allowed: {allowed_text})"
+        )
+
+
+def _check_json_seq(options: Mapping[str, Any]) -> None:
+    _only(options, {"subscribe"}, JSON_SEQ)
+    _check_template(options.get("subscribe"), seq_placeholders=True)
+
+
+def _check_json_field(options: Mapping[str, Any]) -> None:
+    _only(options, {"sequence", "payload", "resume", "resume_param", "subscribe"}, JSON_FIELD)
+    if "sequence" not in options:
+        raise InvalidProtocolError('json-field options: "sequence" (a JSON pointer) is required')
+    check_pointer(options["sequence"], "sequence")
+    if "payload" in options:
+        check_pointer(options["payload"], "payload")
+    resume = options.get("resume", RESUME_NONE)
+    if resume not in RESUME_MODES:
+        raise InvalidProtocolError(
+            f"json-field options: resume must be one of {list(RESUME_MODES)}, got {resume!r}"
+        )
+    param = options.get("resume_param")
+    if resume == RESUME_QUERY:
+        if not isinstance(param, str) or not _PARAM.match(param) or len(param) > MAX_PARAM_CHARS:
+            raise InvalidProtocolError(
+                'json-field options: resume "query" needs "resume_param", a URL parameter '
+                f"name of letters, digits and _.~- (at most {MAX_PARAM_CHARS})"
+            )
+    elif param is not None:
+        raise InvalidProtocolError('json-field options: "resume_param" goes with resume "query"')
+    template = options.get("subscribe")
+    _check_template(template, seq_placeholders=True)
+    if resume == RESUME_SUBSCRIBE and (template is None or not _uses_seq(template)):
+        raise InvalidProtocolError(
+            'json-field options: resume "subscribe" needs a "subscribe" frame with a '
+            f"{FROM_SEQ} or {LAST_SEQ} placeholder"
+        )
+
+
+def _check_live(options: Mapping[str, Any]) -> None:
+    _only(options, {"subscribe"}, LIVE)
+    _check_template(options.get("subscribe"), seq_placeholders=False)
+
+
+_CHECKS: Final[dict[str, Callable[[Mapping[str, Any]], None]]] = {
+    JSON_SEQ: _check_json_seq,
+    JSON_FIELD: _check_json_field,
+    LIVE: _check_live,
+}
+
+
+def check_pointer(pointer: Any, what: str) -> None:
+    """An RFC 6901 JSON pointer such as ``/data/seq`` (``~0`` and ``~1`` escapes)."""
+    if (
+        not isinstance(pointer, str)
+        or not pointer.startswith("/")
+        or len(pointer) > MAX_POINTER_CHARS
+        or re.search(r"~[^01]|~$", pointer)
+    ):
+        raise InvalidProtocolError(
+            f"{what} must be a JSON pointer such as /sequence (at most {MAX_POINTER_CHARS} "
+            f"characters), got {pointer!r}"
+        )
+
+
+def _strings(template: Any) -> list[str]:
+    if isinstance(template, str):
+        return [template]
+    if isinstance(template, dict):
+        return [s for value in template.values() for s in _strings(value)]
+    if isinstance(template, list):
+        return [s for value in template for s in _strings(value)]
+    return []
+
+
+def _uses_seq(template: Any) -> bool:
+    return any(s in (FROM_SEQ, LAST_SEQ) for s in _strings(template))
+
+
+def _check_template(template: Any, *, seq_placeholders: bool) -> None:
+    if template is None:
+        return
+    for text in _strings(template):
+        if not _PLACEHOLDER.match(text):
+            continue
+        if text in (FROM_SEQ, LAST_SEQ):
+            if not seq_placeholders:
+                raise InvalidProtocolError(
+                    f"subscribe: {text} has no meaning for a protocol without sequence numbers"
+                )
+            continue
+        if not _SECRET_FIELD.match(text):
+            raise InvalidProtocolError(
+                f"subscribe: unknown placeholder {text!r} (known: {FROM_SEQ}, {LAST_SEQ}, "
+                "${secret:<field>})"
+            )
+
+
+def secret_fields(template: Any) -> set[str]:
+    """The secret fields a subscribe template names."""
+    fields = set()
+    for text in _strings(template):
+        match = _SECRET_FIELD.match(text)
+        if match:
+            fields.add(match.group(1))
+    return fields
+
+
+def render_template(template: Any, *, last_seq: int, secret: Mapping[str, Any]) -> Any:
+    """``template`` with every placeholder string replaced. A secret field that is
+    missing raises :class:`KeyError` naming the field (never its value)."""
+    if isinstance(template, dict):
+        return {
+            k: render_template(v, last_seq=last_seq, secret=secret) for k, v in template.items()
+        }
+    if isinstance(template, list):
+        return [render_template(v, last_seq=last_seq, secret=secret) for v in template]
+    if isinstance(template, str):
+        if template == FROM_SEQ:
+            return last_seq + 1
+        if template == LAST_SEQ:
+            return last_seq
+        match = _SECRET_FIELD.match(template)
+        if match:
+            name = match.group(1)
+            if name not in secret:
+                raise KeyError(f"secret field {name!r}")
+            return secret[name]
+    return template
+
+
+_MISSING = object()
+
+
+def resolve_pointer(document: Any, pointer: str) -> Any:
+    """The value at ``pointer`` in ``document``; :class:`LookupError` when absent."""
+    value = document
+    for token in pointer.split("/")[1:]:
+        key = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(value, dict):
+            value = value.get(key, _MISSING)
+        elif isinstance(value, list) and key.isdigit() and int(key) < len(value):
+            value = value[int(key)]
+        else:
+            value = _MISSING
+        if value is _MISSING:
+            raise LookupError(pointer)
+    return value
