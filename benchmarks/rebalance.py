@@ -42,6 +42,7 @@ Nothing is asserted: the targets are printed beside the figures.
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import itertools
 import json
@@ -101,6 +102,7 @@ LAG_LIMIT_S: Final = 0.5
 """Delivery lag p99 above this in a phase: the feed or the workers fell behind."""
 FENCE_PAUSE: Final = "session fence deadline passed: pausing"
 UPSTREAM_FAILED: Final = "upstream connection failed"
+UPSTREAM_CONNECTED: Final = "upstream connected"
 START_THREADS: Final = 4
 """Parallel ``POST /connections`` calls while starting connections."""
 START_ATTEMPTS: Final = 5
@@ -176,22 +178,35 @@ def move_gap(
 def schedule_lags(
     deliveries: Iterable[tuple[float, int, int]], rate: float
 ) -> list[tuple[float, float]]:
-    """``(t, lag)`` for each delivery ``(t, epoch, seq)`` of one connection: how late it
-    came against its stream's schedule. Each owner (epoch) opens its own stream, on
-    which the feed sends seq ``s`` at ``(s - from_seq) / rate`` after it opened and
-    catches up when it falls behind; the delivery that came earliest against that
-    schedule stands for it, so the lag is ``t - s / rate`` less its smallest value
-    under the epoch. A reconnect within an epoch also shows as lag."""
+    """``(t, lag)`` for each delivery ``(t, stream, seq)`` of one connection: how late it
+    came against its stream's schedule. ``stream`` tells the upstream streams apart
+    (each owner, and each reconnect, opens a new one). On a stream the feed sends seq
+    ``s`` at ``(s - from_seq) / rate`` after it opened and catches up when it falls
+    behind; the delivery that came earliest against that schedule stands for it, so
+    the lag is ``t - s / rate`` less its smallest value on the stream."""
     if rate <= 0:
         raise ValueError(f"rate must be > 0, not {rate}")
-    by_epoch: dict[int, list[tuple[float, int]]] = defaultdict(list)
-    for t, epoch, seq in deliveries:
-        by_epoch[epoch].append((t, seq))
+    by_stream: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for t, stream, seq in deliveries:
+        by_stream[stream].append((t, seq))
     lags: list[tuple[float, float]] = []
-    for rows in by_epoch.values():
+    for rows in by_stream.values():
         base = min(t - seq / rate for t, seq in rows)
         lags.extend((t, t - seq / rate - base) for t, seq in rows)
     return lags
+
+
+def streams(
+    deliveries: Iterable[tuple[float, int, int]], connects: Sequence[float]
+) -> list[tuple[float, int, int]]:
+    """``(t, stream, seq)`` for deliveries ``(t, epoch, seq)`` of one connection, given
+    the times its upstream was opened (``connects``, sorted): a delivery belongs to the
+    stream opened last before it (and to its epoch: a new owner opens a new stream)."""
+    numbered = []
+    for t, epoch, seq in deliveries:
+        opened = bisect.bisect_right(connects, t)
+        numbered.append((t, epoch * (len(connects) + 1) + opened, seq))
+    return numbered
 
 
 def emf_values(event: Mapping[str, Any], metric: str) -> float:
@@ -438,9 +453,12 @@ def load_report(
     their connections paused at the session's fence deadline (a renew that did not
     land in time) and their failed upstream connections, the machine's CPU use and its
     load average at the end; ``behind`` when the lag's p99 passes :data:`LAG_LIMIT_S`."""
+    connects: dict[str, list[float]] = defaultdict(list)
+    for t, _, e in log_times(workers, UPSTREAM_CONNECTED, lambda e: True):
+        connects[str(e.get("connection_id"))].append(t)
     lags: dict[str, array[float]] = {p.name: array("d") for p in phases}
     for cid in connection_ids:
-        for t, lag in schedule_lags(log.timed(cid), rate):
+        for t, lag in schedule_lags(streams(log.timed(cid), connects[cid]), rate):
             for phase in phases:
                 if phase.end is not None and phase.start <= t < phase.end:
                     lags[phase.name].append(lag)
@@ -835,15 +853,22 @@ def move_steps(
     since: float,
 ) -> dict[str, Any]:
     """Where the pause of a move goes, per moved connection, from the logs and records:
-    ``release`` (last delivery by the old owner to its "connection ended", the release
-    written), ``offer_to_acquire`` (released to the new owner's "lease acquired": the
-    rest of the giver's group released, the offer written, the receiver's renew that
-    returns it and the acquire), ``connect_and_first_message`` (acquired to the first
-    delivery)."""
+
+    - ``release``: the last delivery by the old owner to its "connection ended" (the
+      handler call finished, the release with the final checkpoint written);
+    - ``group_and_offer``: released to the giver's "balance round" line, logged once
+      every connection of the round was released (or the wait for them timed out) and
+      offered, one write per receiver;
+    - ``renew_and_acquire``: that line to the new owner's "lease acquired": the
+      receiver's next session renew returns the offer, then the acquire;
+    - ``offer_to_acquire``: the last two together (released to acquired), also for a
+      connection not offered that another worker found in the ``unowned`` index;
+    - ``connect_and_first_message``: acquired to the first delivery by the new owner.
+    """
     wanted = set(moved)
     ended = {
-        (e["connection_id"], int(e.get("epoch", -1))): t
-        for t, _, e in log_times(
+        (e["connection_id"], int(e.get("epoch", -1))): (t, w)
+        for t, w, e in log_times(
             workers,
             "connection ended",
             lambda e: e.get("connection_id") in wanted and e.get("ending") == "handed_off",
@@ -857,27 +882,35 @@ def move_steps(
         )
         if t >= since
     }
-    release: list[float] = []
-    handover: list[float] = []
-    connect: list[float] = []
+    rounds: dict[str, list[float]] = defaultdict(list)
+    for t, w, _ in log_times(workers, "balance round", lambda e: True):
+        if t >= since:
+            rounds[w].append(t)
+    steps: dict[str, list[float]] = {
+        "release": [],
+        "group_and_offer": [],
+        "renew_and_acquire": [],
+        "offer_to_acquire": [],
+        "connect_and_first_message": [],
+    }
     for cid in moved:
         timed = log.timed(cid)
         old, new = before[cid].epoch, after[cid].epoch
         last_old = max((t for t, e, _ in timed if e == old), default=None)
         first_new = min((t for t, e, _ in timed if e == new), default=None)
-        t_ended = ended.get((cid, old))
+        t_ended, giver = ended.get((cid, old), (None, ""))
         t_acquired = acquired.get((cid, new))
         if last_old is not None and t_ended is not None:
-            release.append(t_ended - last_old)
+            steps["release"].append(t_ended - last_old)
         if t_ended is not None and t_acquired is not None:
-            handover.append(t_acquired - t_ended)
+            steps["offer_to_acquire"].append(t_acquired - t_ended)
+            t_round = next((t for t in rounds[giver] if t >= t_ended), None)
+            if t_round is not None and t_round <= t_acquired:
+                steps["group_and_offer"].append(t_round - t_ended)
+                steps["renew_and_acquire"].append(t_acquired - t_round)
         if t_acquired is not None and first_new is not None:
-            connect.append(first_new - t_acquired)
-    return {
-        "release": spread(release),
-        "offer_to_acquire": spread(handover),
-        "connect_and_first_message": spread(connect),
-    }
+            steps["connect_and_first_message"].append(first_new - t_acquired)
+    return {name: spread(values) for name, values in steps.items()}
 
 
 # --- scenario 2: drain ---------------------------------------------------------------------
@@ -1146,9 +1179,24 @@ def render_scale_out(r: dict[str, Any]) -> str:
             "",
         ],
         [
-            "  released -> acquired by the receiver (offer, renew, acquire)",
+            "  released -> acquired by the new owner",
             f"{_fmt(steps['offer_to_acquire'].get('p50'), 3)}"
             f" / {_fmt(steps['offer_to_acquire'].get('max'), 3)} s",
+            "",
+            "",
+        ],
+        [
+            "    of which released -> round logged (rest of the group, offer write)",
+            f"{_fmt(steps['group_and_offer'].get('p50'), 3)}"
+            f" / {_fmt(steps['group_and_offer'].get('max'), 3)} s"
+            f" (n {steps['group_and_offer']['n']})",
+            "",
+            "",
+        ],
+        [
+            "    and round logged -> acquired (receiver's renew, acquire)",
+            f"{_fmt(steps['renew_and_acquire'].get('p50'), 3)}"
+            f" / {_fmt(steps['renew_and_acquire'].get('max'), 3)} s",
             "",
             "",
         ],

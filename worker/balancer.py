@@ -26,6 +26,7 @@ import asyncio
 import logging
 import random
 import secrets
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
@@ -86,8 +87,13 @@ class Balancer:
         metrics: FleetMetrics,
         wall_ms: Callable[[], int],
         rng: random.Random,
+        settle: float = 0.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``settings`` None: balancing is off (rooms are then the free capacity)."""
+        """``settings`` None: balancing is off (rooms are then the free capacity).
+        ``settle``: how long after a hand-over its connections may still be counted by
+        nobody else (the receiver's renew that returns the offer publishes its load from
+        before the acquire; its next renew, a heartbeat later, counts them)."""
         self._owner = owner
         self._sessions = sessions
         self._settings = settings
@@ -97,6 +103,10 @@ class Balancer:
         self._listed: list[SessionItem] = []
         self._next_round_at: float | None = None
         self._round: asyncio.Task[int] | None = None
+        self._settle = settle
+        self._monotonic = monotonic
+        self._handed: list[tuple[float, int]] = []
+        """``(when, how many)`` of the hand-overs of the last ``settle`` seconds."""
 
     @property
     def enabled(self) -> bool:
@@ -125,13 +135,25 @@ class Balancer:
         ]
         return [*loads_of(live), Load(me, connections, capacity)]
 
+    def in_flight(self) -> int:
+        """Connections this worker handed over within the settle time: released, and
+        maybe not yet published by their receiver. Safe to call from the renew thread."""
+        since = self._monotonic() - self._settle
+        return sum(count for at, count in list(self._handed) if at > since)
+
+    def published_connections(self) -> int:
+        """What this worker's session publishes as its ``connections``: those it runs,
+        plus those it handed over within the settle time. A move is then counted twice
+        for a moment, never by nobody: a fleet total that dipped by the connections in
+        flight would make workers at their share look above it, and give back what
+        they just received. Called from the renew thread."""
+        connections, _ = self._owner.load()
+        return connections + self.in_flight()
+
     def room(self) -> int:
         """How many connections this worker may take from offers or ``reassign`` hints
-        now: up to its fair share of the connections the live sessions publish.
-
-        The connections in flight between two workers are not added: the giver's
-        published load still counts them until its next renew, and counting them twice
-        would let a receiver pass its share and give them back a round later."""
+        now: up to its fair share of the connections the live sessions publish (a
+        giver publishes a move until it settled, :meth:`published_connections`)."""
         connections, capacity = self._owner.load()
         if self._settings is None:
             return max(0, capacity - connections)
@@ -175,6 +197,9 @@ class Balancer:
             # as it is, newcomers included, before anything moves.
             self._next_round_at = now + settings.round_seconds
         if now < self._next_round_at:
+            return False
+        if self.in_flight():
+            # Its last hand-over has not settled: the listing may not count it yet.
             return False
         self._next_round_at = now + settings.round_seconds
         return True
@@ -249,6 +274,10 @@ class Balancer:
             handed.update(released)
         if not released:
             return 0
+        self._handed = [
+            *(h for h in self._handed if h[0] > self._monotonic() - self._settle),
+            (self._monotonic(), len(released)),
+        ]
         worker_id, _, gen = receiver.rpartition("#")
         now_ms = self._wall_ms()
         tokens = [

@@ -94,6 +94,10 @@ class Worker:
         self._handing_off: dict[str, asyncio.Future[bool]] = {}
         """Connections being handed off: whether their release landed."""
         self._released: dict[str, float] = {}
+        self._doubt = False
+        """A write whose outcome is unknown (an acquire or takeover that raised, a
+        release that never got an answer): the next reconcile pass lists this session's
+        own entries instead of waiting for its turn."""
         self._closing = False
         self._session_gen = 0
         self._deadline = 0.0
@@ -134,6 +138,7 @@ class Worker:
             metrics=self.metrics,
             wall_ms=deps.wall_ms,
             rng=rng,
+            settle=2 * config.timing.heartbeat + 1.0,
         )
         self.queue = StartQueue(deps.sqs, config.queue_url, wait_seconds=config.sqs_wait_seconds)
         self.consumer = StartConsumer(
@@ -212,6 +217,10 @@ class Worker:
     def recently_released(self, connection_id: str) -> bool:
         released = self._released.get(connection_id)
         return released is not None and time.monotonic() - released < RELEASED_RECENTLY_SECONDS
+
+    def take_doubt(self) -> bool:
+        doubt, self._doubt = self._doubt, False
+        return doubt
 
     def _session_ready(self) -> bool:
         """A session is open and was renewed recently enough to take work under it."""
@@ -300,6 +309,7 @@ class Worker:
         try:
             result = await loop.run_in_executor(None, attempt)
         except BaseException:
+            self._doubt = True
             await self.capacity.release()
             raise
         return await self._run_taken(connection_id, result)
@@ -396,6 +406,7 @@ class Worker:
             except BaseException:
                 # Unknown outcome: whatever landed is owned by this session and run by
                 # nobody; the next reconcile releases it as a stray.
+                self._doubt = True
                 for _ in chunk:
                     await self.capacity.release()
                 raise
@@ -424,6 +435,8 @@ class Worker:
         finally:
             del self._runners[connection_id]
             self._released[connection_id] = time.monotonic()
+            if outcome is None or (outcome.ending.releases and not outcome.released):
+                self._doubt = True
             await self.capacity.release()
             handing_off = self._handing_off.get(connection_id)
             if handing_off is not None and not handing_off.done():
@@ -499,7 +512,7 @@ class Worker:
                 loop,
                 SessionEvents(self._renewed, self._renew_failed, self._reaped),
                 wall_ms=self._wall_ms,
-                connections=lambda: len(self._runners),
+                connections=self.balancer.published_connections,
                 capacity=self._published_capacity,
                 first_renew_at=sent_at + timing.heartbeat,
             )

@@ -8,13 +8,15 @@
    reaper's session is gone), clear the
    owner of its STOPPED ones, and forget the session and its page once nothing has
    been seen under it for a full lease.
-2. **Own connections.** Compare this session's ``by-owner`` entries with what the
-   worker runs, and release the difference (an acquire whose reply was lost must not
-   leave a connection held by a live session and run by nobody); an entry stopped or
-   started again under a runner that got no notice of it is read and acted on.
-3. **Free connections.** Query two shards of the sparse ``unowned`` index (all of
-   them every four passes; every one of them while another worker drains) and try to
-   acquire what they hold, in random order, up to the worker's free capacity.
+2. **Own connections** (every four passes, and on the pass after a write whose outcome
+   is unknown). Compare this session's ``by-owner`` entries with what the worker runs,
+   and release the difference (an acquire whose reply was lost must not leave a
+   connection held by a live session and run by nobody); an entry stopped or started
+   again under a runner that got no notice of it is read and acted on.
+3. **Free connections.** Query two shards of the sparse ``unowned`` index in rotation (every one
+   of them while another worker drains) and try to acquire what they hold, in random
+   order, up to the worker's room; with balancing on, only what an earlier scan
+   already saw free two heartbeats ago (:mod:`worker.free_sightings`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Protocol, TypeVar
 from worker.acquire_result import AcquireResult
 from worker.balancer import Balancer
 from worker.capacity import Capacity
+from worker.free_sightings import FreeSightings
 from worker.metrics import FleetMetrics
 from wsfleet import metric_names as m
 from wsfleet import schema, session_rules
@@ -38,6 +41,7 @@ from wsfleet.item import ConnectionItem
 from wsfleet.lease_store import LeaseStore
 from wsfleet.session_rules import SessionItem
 from wsfleet.session_store import SessionStore
+from wsfleet.timing import OWN_CHECK_PASSES
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -58,6 +62,11 @@ class Owner(Protocol):
     def holds(self, connection_id: str) -> bool: ...
 
     def recently_released(self, connection_id: str) -> bool: ...
+
+    def take_doubt(self) -> bool:
+        """True (once) when a write whose outcome is unknown may have left a connection
+        owned by this session and run by nobody since the last call."""
+        ...
 
     async def acquire(self, connection_id: str) -> AcquireResult: ...
 
@@ -102,6 +111,10 @@ class Reconciler:
         self._rng = rng
         self._dead: dict[tuple[str, int], _DeadSession] = {}
         self._next_shard = rng.randrange(schema.UNOWNED_SHARDS)
+        # With balancing on, offers and hints get the first claim on a freed connection.
+        grace = 2 * store.timing.heartbeat if balancer.enabled else 0.0
+        self._sightings = FreeSightings(grace)
+        self._passes_to_own_check = rng.randrange(OWN_CHECK_PASSES)
 
     async def run(self) -> None:
         interval = self._store.timing.reconcile
@@ -117,7 +130,8 @@ class Reconciler:
         if self._owner.session_gen == 0:
             return []
         taken, draining = await self.sweep_sessions()
-        await self.release_strays()
+        if self._own_check_due():
+            await self.release_strays()
         taken += await self.take_free(every_shard=draining)
         self._balancer.start_round(asyncio.get_running_loop().time())
         return taken
@@ -229,6 +243,16 @@ class Reconciler:
 
     # --- 2. own connections --------------------------------------------------------------
 
+    def _own_check_due(self) -> bool:
+        """Every :data:`OWN_CHECK_PASSES` passes, or on the pass after a write whose
+        outcome is unknown."""
+        doubt = self._owner.take_doubt()
+        if doubt or self._passes_to_own_check <= 0:
+            self._passes_to_own_check = OWN_CHECK_PASSES - 1
+            return True
+        self._passes_to_own_check -= 1
+        return False
+
     async def release_strays(self) -> None:
         entries = await self._call(
             self._store.owned_by, self._owner.worker_id, self._owner.session_gen
@@ -260,7 +284,9 @@ class Reconciler:
             self._next_shard = (self._next_shard + UNOWNED_SHARDS_PER_PASS) % len(shards)
         limit = min(MAX_FREE_PER_PASS, 2 * free + 8)
         found = await self._call(self._store.find_unowned, picked, limit)
-        free_ids = [cid for cid in found if not self._owner.holds(cid)]
+        now = asyncio.get_running_loop().time()
+        ready = self._sightings.scanned(picked, found, now)
+        free_ids = [cid for cid in ready if not self._owner.holds(cid)]
         if not free_ids:
             return []
         self._metrics.count(m.ORPHANS_FOUND, len(free_ids))

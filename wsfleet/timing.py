@@ -20,6 +20,9 @@ DEFAULT_CHECKPOINT_SECONDS: Final = 5.0
 MAX_CHECKPOINT_SECONDS: Final = 300.0
 RENEW_ATTEMPTS_IN_FENCE_WINDOW: Final = 3
 HEALTH_MIN_SECONDS: Final = 10.0
+OWN_CHECK_PASSES: Final = 4
+"""Every how many reconcile passes a worker lists its own ``by-owner`` entries, unless
+a write with an unknown outcome asks for it sooner (docs/DESIGN.md §4.2)."""
 
 
 class InvalidTimingError(ValueError):
@@ -136,6 +139,13 @@ class LeaseTiming:
         ``reassign`` hints take longer than one short lease), well inside ECS's 120 s
         stop timeout at any lease."""
         return max(self.drain_budget + self.release_budget + 1.0, MIN_SHUTDOWN_SECONDS)
+
+    def own_check_bound(self) -> float:
+        """How soon a worker notices a connection its session owns but does not run
+        (an acquire whose reply was lost) or one stopped without a notice (the router
+        failed between its two writes): :data:`OWN_CHECK_PASSES` reconcile passes, at
+        +20% jitter, and a second for the release."""
+        return OWN_CHECK_PASSES * 1.2 * self.reconcile + 1.0
 
     def crash_failover_bound(self) -> float:
         """What docs/DESIGN.md §3.11 promises for a crashed holder:

@@ -23,6 +23,7 @@ from benchmarks.rebalance import (
     move_gap,
     owner_changes,
     schedule_lags,
+    streams,
 )
 from local_stack.audit import Record
 from tests.support.timing import scaled
@@ -164,6 +165,26 @@ def test_the_earliest_delivery_sets_the_schedule_even_when_the_first_is_late() -
     lags = dict(schedule_lags(deliveries, 10.0))
     assert lags[100.45] == pytest.approx(0.45)
     assert min(lags.values()) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_reconnect_opens_a_stream_with_a_schedule_of_its_own() -> None:
+    # The same owner reconnects at t = 103 after a 1 s pause and resumes from seq 21.
+    first = [(100.0 + (seq - 1) / 10, 1, seq) for seq in range(1, 21)]
+    again = [(103.0 + (seq - 21) / 10, 1, seq) for seq in range(21, 41)]
+    deliveries = first + again
+    assert max(lag for _, lag in schedule_lags(deliveries, 10.0)) == pytest.approx(1.0)
+    split = streams(deliveries, [99.9, 102.95])
+    assert max(lag for _, lag in schedule_lags(split, 10.0)) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_streams_tell_owners_and_reconnects_apart() -> None:
+    deliveries = [(1.0, 1, 1), (2.5, 1, 2), (3.5, 2, 3), (4.5, 2, 4)]
+    numbered = streams(deliveries, [0.5, 2.0, 3.0, 4.0])
+    keys = [stream for _, stream, _ in numbered]
+    assert len(set(keys)) == 4
+    assert [(t, seq) for t, _, seq in numbered] == [(1.0, 1), (2.5, 2), (3.5, 3), (4.5, 4)]
+    # Without connect times, one stream per epoch.
+    assert len({stream for _, stream, _ in streams(deliveries, [])}) == 2
 
 
 def test_schedule_lags_need_a_rate() -> None:

@@ -83,3 +83,50 @@ def test_an_offer_is_tried_again_after_an_error_only(answers, moved, calls, hint
         ("taker", 2, tuple(sessions.calls[0][2]))
     }
     assert all(t.split(" ")[:2] in (["c1", "offer"], ["c2", "offer"]) for t in sessions.calls[0][2])
+
+
+# --- what the giver publishes while a move settles --------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def settling_balancer(clock: Clock) -> tuple[Balancer, Owner]:
+    owner = Owner()
+    metrics = FleetMetrics(
+        namespace="T", service="s", task_id="giver", active_connections=lambda: 4
+    )
+    balancer = Balancer(
+        owner,  # type: ignore[arg-type]
+        Sessions([True, True]),  # type: ignore[arg-type]
+        None,
+        metrics=metrics,
+        wall_ms=lambda: 1_000,
+        rng=random.Random(0),
+        settle=2.0,
+        monotonic=clock,
+    )
+    return balancer, owner
+
+
+def test_handed_over_connections_are_published_until_the_move_settles() -> None:
+    clock = Clock()
+    balancer, _owner = settling_balancer(clock)
+    assert balancer.published_connections() == 4
+    assert asyncio.run(balancer._hand_to("taker#2", ["c1", "c2"], "offer", None)) == 2
+    clock.now += 1.0
+    assert asyncio.run(balancer._hand_to("taker#2", ["c3"], "offer", None)) == 1
+    # The owner's own count is what it runs; the three moved are still counted here,
+    # so the fleet's total never dips while the receivers have not published them.
+    assert balancer.in_flight() == 3
+    assert balancer.published_connections() == 4 + 3
+    clock.now += 1.0  # the first hand-over has settled
+    assert balancer.in_flight() == 1
+    clock.now += 1.0
+    assert balancer.in_flight() == 0
+    assert balancer.published_connections() == 4
