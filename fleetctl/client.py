@@ -137,12 +137,21 @@ class FleetClient:
         *,
         connection_id: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        auth: Mapping[str, Any] | None = None,
+        protocol: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """``POST /connections``. ``auth`` is the credentials reference
+        (``{"secret": "<name or ARN>"}``), ``protocol`` the spec
+        (``{"name": ..., "options": {...}}``); both are sent as given."""
         body: dict[str, Any] = {"ws_url": ws_url}
         if connection_id is not None:
             body["connection_id"] = connection_id
         if metadata is not None:
             body["metadata"] = dict(metadata)
+        if auth is not None:
+            body["auth"] = dict(auth)
+        if protocol is not None:
+            body["protocol"] = dict(protocol)
         return self._call("POST", "/connections", body=body)
 
     def stop(self, connection_id: str) -> dict[str, Any]:

@@ -199,6 +199,8 @@ _DETAILS: tuple[tuple[str, _Source, bool], ...] = (
     ("state", "state", True),
     ("status", "status", True),
     ("ws_url", "ws_url", True),
+    ("auth", "auth", False),
+    ("protocol", "protocol", False),
     ("owner", "owner", True),
     ("session", _session_detail, True),
     ("epoch", "epoch", True),
@@ -219,8 +221,8 @@ _DETAILS: tuple[tuple[str, _Source, bool], ...] = (
     ("failing since", "failing_since", False),
 )
 """Label, the view's key or a function of the whole view, and whether the line is
-always shown. The others (reconnects, the last error, parking) only when set: a
-healthy connection's details stay short."""
+always shown. The others (credentials, protocol, reconnects, the last error, parking)
+only when set: a plain, healthy connection's details stay short."""
 
 
 def connection_details(view: Mapping[str, Any]) -> list[str]:

@@ -1,9 +1,10 @@
 """Demo upstream WebSocket feed: sequenced, deterministic, resumable JSON messages, with
 per-connection fault injection so tests can make an upstream misbehave on demand.
 
-Run ``python -m local_stack.feed --host 127.0.0.1 --port 8765 [--rate 5]``. It prints
-``feed listening on ws://HOST:PORT`` once listening and serves until SIGTERM or SIGINT,
-then closes every connection and exits 0.
+Run ``python -m local_stack.feed --host 127.0.0.1 --port 8765 [--rate 5]
+[--api-key KEY | --api-key-file PATH]``. It prints ``feed listening on ws://HOST:PORT``
+once listening and serves until SIGTERM or SIGINT, then closes every connection and
+exits 0.
 
 A client connects to ``ws://HOST:PORT/<feed name>?<query>``; the query parameters are
 described on :func:`parse_request`. Each message is one JSON text frame::
@@ -12,6 +13,13 @@ described on :func:`parse_request`. Each message is one JSON text frame::
 
 where ``value`` depends only on the feed name and ``seq``, so a client that resumes with
 ``from_seq`` sees exactly the messages it would have seen without the interruption.
+
+Streams may also ask for what real upstreams do: a credential in the handshake
+(``require_key=1``: the header ``X-Demo-Key`` must carry the feed's key, from
+``--api-key``, ``--api-key-file`` (read at every handshake, so writing the file
+rotates it) or ``DEMO_FEED_API_KEY``; otherwise HTTP 401), a subscribe frame before
+anything is sent (``subscribe=1``), the sequence number in a field of another name
+(``seq_field``), or a live stream that cannot resume (``live=1``).
 """
 
 from __future__ import annotations
@@ -19,16 +27,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import hmac
 import json
 import logging
 import math
+import os
 import re
 import signal
 import socket
+import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
+from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -50,6 +64,12 @@ OVERSIZE_BYTES = 2 * 1024 * 1024
 CLIENT_MAX_SIZE = 1024
 #: How often a muted connection checks whether it should go away, in seconds.
 MUTE_POLL_S = 0.25
+#: The header ``require_key=1`` streams must carry, with the feed's key.
+KEY_HEADER = "X-Demo-Key"
+#: The environment variable the feed's key may come from (``--api-key`` wins over it).
+KEY_ENV = "DEMO_FEED_API_KEY"
+#: How long a ``subscribe=1`` stream waits for the client's subscribe frame.
+SUBSCRIBE_TIMEOUT_S = 10.0
 
 _FAULT_PARAMS = (
     "drop_after",
@@ -59,7 +79,21 @@ _FAULT_PARAMS = (
     "gap_after",
     "mute_after",
 )
-_KNOWN_PARAMS = frozenset(("from_seq", "rate", "count", "refuse", *_FAULT_PARAMS))
+_KNOWN_PARAMS = frozenset(
+    (
+        "from_seq",
+        "rate",
+        "count",
+        "refuse",
+        "require_key",
+        "subscribe",
+        "seq_field",
+        "live",
+        *_FAULT_PARAMS,
+    )
+)
+_FLAGS = {"1": True, "true": True, "0": False, "false": False}
+_FIELD_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}(\.[A-Za-z_][A-Za-z0-9_]{0,31}){0,2}$")
 _HTTP_STATUSES = frozenset(status.value for status in HTTPStatus)
 _DIGITS = re.compile(r"[0-9]+")
 # A close reason travels in a control frame of at most 125 bytes, two of them the code.
@@ -89,6 +123,17 @@ class FeedRequest:
     mute_after: int | None = None
     refuse: int | None = None
     """An HTTP status (400-599) that answers the handshake instead of a stream."""
+    require_key: bool = False
+    """The handshake must carry :data:`KEY_HEADER` with the feed's key (else HTTP 401)."""
+    subscribe: bool = False
+    """Nothing is sent before the client's subscribe frame (a JSON object; its integer
+    ``from_seq``, if any, is where the stream starts)."""
+    seq_field: str = "seq"
+    """Where each message carries its number: a field name, or up to three names
+    joined by dots for nested objects (``meta.n``: ``{"meta": {"n": 7}, ...}``)."""
+    live: bool = False
+    """A live stream: it starts at the current time's number (``now x rate``), not at
+    ``from_seq``, so what was sent while a client was away is gone."""
 
 
 def _parse_int(name: str, raw: str, minimum: int) -> int:
@@ -130,6 +175,14 @@ def parse_request(path: str, default_rate: float) -> FeedRequest:
       and stop sending, keeping the TCP connection open.
     - ``refuse=STATUS`` (a known HTTP status 400-599): answer the opening handshake with this HTTP
       status instead of upgrading, as an upstream that refuses the path would.
+    - ``require_key=1``: answer the handshake with HTTP 401 unless it carries the
+      header ``X-Demo-Key`` with the feed's key.
+    - ``subscribe=1``: send nothing until the client's first frame, a JSON object (its
+      integer ``from_seq``, if any, replaces the URL's); close with 1008 without one
+      within 10 s.
+    - ``seq_field=NAME``: carry the number in ``NAME`` (``a.b`` nests) instead of ``seq``.
+    - ``live=1``: start at the current time's number (``now x rate``, rate > 0),
+      whatever ``from_seq`` says.
 
     All fault counts are ints >= 0. Raises :class:`FeedRequestError` for an unknown,
     repeated or malformed parameter, so a typo never silently turns a fault off.
@@ -165,7 +218,35 @@ def parse_request(path: str, default_rate: float) -> FeedRequest:
         gap_after=optional_int("gap_after", 0),
         mute_after=optional_int("mute_after", 0),
         refuse=_parse_status(params["refuse"]) if "refuse" in params else None,
+        require_key=_parse_flag(params, "require_key"),
+        subscribe=_parse_flag(params, "subscribe"),
+        seq_field=_parse_field(params.get("seq_field", "seq")),
+        live=_parse_live(params, default_rate),
     )
+
+
+def _parse_flag(params: dict[str, str], name: str) -> bool:
+    raw = params.get(name, "0")
+    if raw not in _FLAGS:
+        raise FeedRequestError(f"{name} must be 1 or 0, got {raw!r}")
+    return _FLAGS[raw]
+
+
+def _parse_field(raw: str) -> str:
+    if not _FIELD_PATH.match(raw) or raw.split(".")[0] in ("feed", "sent_at_ms", "value"):
+        raise FeedRequestError(
+            "seq_field must be a field name other than feed, sent_at_ms and value (up to "
+            f"three joined by dots), got {raw!r}"
+        )
+    return raw
+
+
+def _parse_live(params: dict[str, str], default_rate: float) -> bool:
+    live = _parse_flag(params, "live")
+    rate = _parse_rate(params["rate"]) if "rate" in params else default_rate
+    if live and rate <= 0:
+        raise FeedRequestError("live needs a rate > 0")
+    return live
 
 
 def _parse_status(raw: str) -> int:
@@ -177,18 +258,48 @@ def _parse_status(raw: str) -> int:
 
 
 def _refusal(
-    connection: ServerConnection, request: Request, default_rate: float
+    connection: ServerConnection,
+    request: Request,
+    default_rate: float,
+    api_key: Callable[[], str | None],
 ) -> Response | None:
-    """The handshake's answer for ``refuse=STATUS``; None lets the handshake go on
-    (a malformed request is refused by the handler, with a close reason)."""
+    """The handshake's answer for ``refuse=STATUS`` or a missing or wrong key; None
+    lets the handshake go on (a malformed request is refused by the handler, with a
+    close reason)."""
     try:
         parsed = parse_request(request.path, default_rate)
     except FeedRequestError:
         return None
-    if parsed.refuse is None:
-        return None
-    logger.info("refused %r with HTTP %d", request.path, parsed.refuse)
-    return connection.respond(parsed.refuse, f"refused: {parsed.refuse}\n")
+    if parsed.refuse is not None:
+        logger.info("refused %r with HTTP %d", request.path, parsed.refuse)
+        return connection.respond(parsed.refuse, f"refused: {parsed.refuse}\n")
+    if parsed.require_key and not key_matches(request.headers.get(KEY_HEADER), api_key()):
+        # The key itself is never logged, given or expected.
+        logger.info("refused %r with HTTP 401: no valid %s", parsed.feed, KEY_HEADER)
+        return connection.respond(401, f"{KEY_HEADER} missing or wrong\n")
+    return None
+
+
+def key_matches(given: str | None, expected: str | None) -> bool:
+    """Whether the header ``given`` carries the feed's key (never without a key)."""
+    if not given or not expected:
+        return False
+    return hmac.compare_digest(given.encode(), expected.encode())
+
+
+def key_source(*, key: str | None = None, key_file: Path | None = None) -> Callable[[], str | None]:
+    """Where the feed's key comes from: ``key_file`` (read at every handshake, so
+    rewriting it rotates the key; None while it does not exist), else ``key``."""
+    if key_file is None:
+        return lambda: key or None
+
+    def read() -> str | None:
+        try:
+            return key_file.read_text().strip() or None
+        except OSError:
+            return None
+
+    return read
 
 
 def feed_value(feed: str, seq: int) -> int:
@@ -196,12 +307,24 @@ def feed_value(feed: str, seq: int) -> int:
     return zlib.crc32(f"{feed}\n{seq}".encode())
 
 
-def message(feed: str, seq: int, now_ms: int) -> str:
-    """The JSON text of message ``seq`` of ``feed``, stamped with ``now_ms``."""
-    return json.dumps(
-        {"seq": seq, "feed": feed, "sent_at_ms": now_ms, "value": feed_value(feed, seq)},
-        separators=(",", ":"),
-    )
+def message(feed: str, seq: int, now_ms: int, seq_field: str = "seq") -> str:
+    """The JSON text of message ``seq`` of ``feed``, stamped with ``now_ms``; the number
+    is in ``seq_field`` (dots nest)."""
+    if seq_field == "seq":
+        body: dict[str, Any] = {
+            "seq": seq,
+            "feed": feed,
+            "sent_at_ms": now_ms,
+            "value": feed_value(feed, seq),
+        }
+    else:
+        *outer, last = seq_field.split(".")
+        holder = body = {}
+        for name in outer:
+            holder = holder.setdefault(name, {})
+        holder[last] = seq
+        body.update(feed=feed, sent_at_ms=now_ms, value=feed_value(feed, seq))
+    return json.dumps(body, separators=(",", ":"))
 
 
 def oversize_frame() -> str:
@@ -263,7 +386,7 @@ async def _stream(ws: ServerConnection, request: FeedRequest) -> None:
     loop = asyncio.get_running_loop()
     start = loop.time()
     sent = 0  # feed messages sent on this connection
-    seq = request.from_seq
+    seq = math.floor(time.time() * request.rate) + 1 if request.live else request.from_seq
     while True:
         # Each fault fires exactly once per connection: `sent` takes each value once.
         # Injected frames go out before a terminating fault with the same N.
@@ -301,7 +424,7 @@ async def _stream(ws: ServerConnection, request: FeedRequest) -> None:
             # send() does not yield while the write buffer has room; without this, one
             # fast client would starve every other connection and the shutdown.
             await asyncio.sleep(0)
-        await ws.send(message(request.feed, seq, now_ms()))
+        await ws.send(message(request.feed, seq, now_ms(), request.seq_field))
         sent += 1
         seq += 1
 
@@ -318,15 +441,51 @@ async def _handle(ws: ServerConnection, default_rate: float) -> None:
     logger.info("open %r from %s", ws.request.path, ws.remote_address)
     # ConnectionClosed here means the client left mid-send: nothing to clean up.
     with contextlib.suppress(ConnectionClosed):
+        if request.subscribe:
+            subscribed = await _await_subscribe(ws, request)
+            if subscribed is None:
+                return
+            request = subscribed
         await _stream(ws, request)
     logger.info("done %r", ws.request.path)
 
 
-async def serve_feed(host: str, port: int, default_rate: float) -> Server:
+async def _await_subscribe(ws: ServerConnection, request: FeedRequest) -> FeedRequest | None:
+    """The client's subscribe frame (a JSON object; its integer ``from_seq``, if any,
+    is where the stream starts); None once the connection is closed for want of one."""
+    try:
+        frame = await asyncio.wait_for(ws.recv(), SUBSCRIBE_TIMEOUT_S)
+    except TimeoutError:
+        frame = None
+    try:
+        subscribe = json.loads(frame) if frame is not None else None
+    except ValueError:
+        subscribe = None
+    if not isinstance(subscribe, dict):
+        logger.info("%s: no subscribe frame", request.feed)
+        await ws.close(CloseCode.POLICY_VIOLATION, "subscribe expected")
+        return None
+    start = subscribe.get("from_seq")
+    if isinstance(start, int) and not isinstance(start, bool) and start >= 1:
+        request = dataclasses.replace(request, from_seq=start)
+    logger.info(
+        "subscribed %r from_seq=%d keys=%s", request.feed, request.from_seq, sorted(subscribe)
+    )
+    return request
+
+
+async def serve_feed(
+    host: str,
+    port: int,
+    default_rate: float,
+    *,
+    api_key: Callable[[], str | None] = lambda: None,
+) -> Server:
     """Start serving the feed on ``host:port`` (port 0 picks a free one) and return the
     listening server; stop it with ``server.close()`` then ``await server.wait_closed()``.
 
-    ``default_rate`` (finite, >= 0) applies to connections that do not pass ``rate``.
+    ``default_rate`` (finite, >= 0) applies to connections that do not pass ``rate``;
+    ``api_key`` says the key ``require_key=1`` streams need (:func:`key_source`).
     The server answers pings but sends none of its own, so tests decide when to ping.
     """
     if not math.isfinite(default_rate) or default_rate < 0:
@@ -336,7 +495,7 @@ async def serve_feed(host: str, port: int, default_rate: float) -> Server:
         await _handle(ws, default_rate)
 
     def process_request(connection: ServerConnection, request: Request) -> Response | None:
-        return _refusal(connection, request, default_rate)
+        return _refusal(connection, request, default_rate, api_key)
 
     return await serve(
         handler,
@@ -356,8 +515,8 @@ def _rate_arg(raw: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-async def _run(host: str, port: int, rate: float) -> None:
-    server = await serve_feed(host, port, rate)
+async def _run(host: str, port: int, rate: float, api_key: Callable[[], str | None]) -> None:
+    server = await serve_feed(host, port, rate, api_key=api_key)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -380,9 +539,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--rate", type=_rate_arg, default=5.0, help="default messages/s per connection"
     )
+    keys = parser.add_mutually_exclusive_group()
+    keys.add_argument(
+        "--api-key",
+        default=None,
+        help=f"the {KEY_HEADER} value require_key=1 streams need (default: ${KEY_ENV})",
+    )
+    keys.add_argument(
+        "--api-key-file",
+        type=Path,
+        default=None,
+        help="read the key from this file at every handshake (rewrite it to rotate)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    asyncio.run(_run(args.host, args.port, args.rate))
+    source = key_source(key=args.api_key or os.environ.get(KEY_ENV), key_file=args.api_key_file)
+    asyncio.run(_run(args.host, args.port, args.rate, source))
     return 0
 
 

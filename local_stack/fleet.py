@@ -29,7 +29,9 @@ from local_stack.recording import recording_settings
 from local_stack.resources import (
     DEFAULT_MAX_RECEIVE_COUNT,
     DEFAULT_VISIBILITY_TIMEOUT,
+    DEMO_SECRET,
     Resources,
+    create_demo_secret,
     create_resources,
 )
 from local_stack.services import LOOPBACK, ManagedProcess
@@ -124,6 +126,10 @@ class Deployment:
             "dynamodb", endpoints.dynamodb, config=client_config
         )
         self.sqs: SQSClient = services.local_client("sqs", endpoints.sqs, config=client_config)
+        self.secrets: Any = services.local_client(
+            "secretsmanager", endpoints.secrets_manager, config=client_config
+        )
+        """Secrets Manager (moto): the secrets connections name."""
         work_dir.mkdir(parents=True, exist_ok=True)
 
     # -- resources and router
@@ -144,6 +150,12 @@ class Deployment:
             visibility_timeout=visibility_timeout,
         )
         return self.resources
+
+    def create_demo_secret(self, key: str) -> str:
+        """The demo secret (``websocket-fleet/demo-feed``) holding ``key`` as the demo
+        feed's header; its name."""
+        create_demo_secret(self.secrets, key)
+        return DEMO_SECRET
 
     def _created(self) -> Resources:
         if self.resources is None:
@@ -320,6 +332,7 @@ class Deployment:
     def close_clients(self) -> None:
         self.ddb.close()
         self.sqs.close()
+        self.secrets.close()
 
 
 def feed_url(base: str, name: str, params: Mapping[str, object] | None = None) -> str:

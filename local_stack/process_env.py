@@ -36,15 +36,24 @@ NOT_INHERITED: Final = (
 _ENDPOINT_PREFIX: Final = "AWS_ENDPOINT_URL_"
 #: Hosts the local router accepts upstream URLs for (docs/DESIGN.md §7): the loopback feed.
 LOCAL_UPSTREAM_HOSTS: Final = f"{LOOPBACK},localhost"
+#: The secrets local connections may name (``auth``): the demo one and any a test makes.
+LOCAL_SECRET_PREFIX: Final = "websocket-fleet/"
+SECRETS_MANAGER_ENDPOINT: Final = "AWS_ENDPOINT_URL_SECRETS_MANAGER"
 
 
 @dataclass(frozen=True, slots=True)
 class Endpoints:
     """Where the local AWS-compatible servers answer: DynamoDB Local, and moto for SQS
-    (and CloudWatch, which no local process calls: metrics go out as EMF log lines)."""
+    and Secrets Manager (and CloudWatch, which no local process calls: metrics go out
+    as EMF log lines)."""
 
     dynamodb: str
     sqs: str
+
+    @property
+    def secrets_manager(self) -> str:
+        """Secrets Manager: the same moto server as SQS."""
+        return self.sqs
 
     @classmethod
     def on_ports(cls, dynamodb_port: int, moto_port: int) -> Endpoints:
@@ -67,9 +76,9 @@ def is_foreign_aws_setting(name: str) -> bool:
 
 
 def local_aws_settings(endpoints: Endpoints) -> dict[str, str]:
-    """Placeholder credentials, a region, and the DynamoDB and SQS endpoints (the only
-    services the worker and the router call). boto3 reads these variables itself; no
-    component passes ``endpoint_url`` (docs/DESIGN.md §4.9)."""
+    """Placeholder credentials, a region, and the DynamoDB, SQS and Secrets Manager
+    endpoints (the only services the worker and the router call). boto3 reads these
+    variables itself; no component passes ``endpoint_url`` (docs/DESIGN.md §4.9)."""
     return {
         "AWS_ACCESS_KEY_ID": LOCAL_CREDENTIALS,
         "AWS_SECRET_ACCESS_KEY": LOCAL_CREDENTIALS,
@@ -77,6 +86,7 @@ def local_aws_settings(endpoints: Endpoints) -> dict[str, str]:
         "AWS_REGION": LOCAL_REGION,
         "AWS_ENDPOINT_URL_DYNAMODB": endpoints.dynamodb,
         "AWS_ENDPOINT_URL_SQS": endpoints.sqs,
+        SECRETS_MANAGER_ENDPOINT: endpoints.secrets_manager,
     }
 
 
@@ -112,12 +122,13 @@ def local_router_settings(
     *, table: str, queue_url: str, allowed_hosts: str = LOCAL_UPSTREAM_HOSTS
 ) -> dict[str, str]:
     """The router's own settings for local use (docs/DESIGN.md §7): ``ws://`` admitted,
-    upstreams limited to ``allowed_hosts``."""
+    upstreams limited to ``allowed_hosts``, secrets under :data:`LOCAL_SECRET_PREFIX`."""
     return {
         router_settings.TABLE_NAME: table,
         router_settings.QUEUE_URL: queue_url,
         router_settings.ALLOWED_UPSTREAM_HOSTS: allowed_hosts,
         router_settings.ALLOW_INSECURE_WS: "true",
+        router_settings.ALLOWED_SECRET_PREFIX: LOCAL_SECRET_PREFIX,
     }
 
 

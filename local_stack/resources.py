@@ -6,6 +6,13 @@ in ``AWS_ENDPOINT_URL_DYNAMODB`` and ``AWS_ENDPOINT_URL_SQS`` (boto3 reads them 
 and prints one JSON line: ``{"table": ..., "queue_url": ..., "dlq_url": ...}``.
 Running it again changes nothing and prints the same line. Exit status 0 on success,
 1 when a server cannot be reached or refuses, 2 for bad options.
+
+With a Secrets Manager endpoint (``AWS_ENDPOINT_URL_SECRETS_MANAGER``; the local stack
+sets it to moto) it also creates the demo secret ``websocket-fleet/demo-feed``, holding
+``{"headers": {"X-Demo-Key": "<random>"}}`` (the key the demo feed's ``require_key=1``
+streams need), unless it exists. Without one that step is skipped with a note on
+stderr; a failure of that step is reported there too and does not change the exit
+status (the table and queue are what the command promises).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -31,6 +39,9 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_sqs import SQSClient
 
+DEMO_SECRET: Final = "websocket-fleet/demo-feed"
+"""The demo secret: the header the demo feed's ``require_key=1`` streams need."""
+DEMO_KEY_HEADER: Final = "X-Demo-Key"
 DEFAULT_MAX_RECEIVE_COUNT: Final = 5
 DEFAULT_VISIBILITY_TIMEOUT: Final = 30
 TABLE_ACTIVE_TIMEOUT_S: Final = 30.0
@@ -38,7 +49,9 @@ _ENDPOINT_VARIABLES: Final = (
     "AWS_ENDPOINT_URL",
     "AWS_ENDPOINT_URL_DYNAMODB",
     "AWS_ENDPOINT_URL_SQS",
+    "AWS_ENDPOINT_URL_SECRETS_MANAGER",
 )
+_SECRETS_ENDPOINT_VARIABLES: Final = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_SECRETS_MANAGER")
 # An unreachable server must fail the command in seconds, not after minutes of retries.
 _CLIENT_CONFIG: Final = Config(
     connect_timeout=2, read_timeout=10, retries={"mode": "standard", "total_max_attempts": 2}
@@ -164,6 +177,43 @@ def create_resources(
     return Resources(table=table, queue_url=queues.queue_url, dlq_url=queues.dlq_url)
 
 
+def demo_secret_value(key: str) -> str:
+    """The demo secret's SecretString: the feed's key as a handshake header."""
+    return json.dumps({"headers": {DEMO_KEY_HEADER: key}})
+
+
+def create_demo_secret(client: Any, key: str | None = None, *, name: str = DEMO_SECRET) -> str:
+    """The demo secret ``name`` with ``key`` as its header value (the secret is created,
+    or updated when it holds another value); without ``key``, created with a random one
+    unless it exists already (left as it is). Returns the key it holds."""
+    try:
+        current = client.get_secret_value(SecretId=name).get("SecretString")
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") != "ResourceNotFoundException":
+            raise
+        current = None
+    if current is not None:
+        held = _demo_key(current)
+        if key is None and held is not None:
+            return held
+        if key is not None and held == key:
+            return key
+    chosen = key or secrets.token_urlsafe(18)
+    if current is None:
+        client.create_secret(Name=name, SecretString=demo_secret_value(chosen))
+    else:
+        client.put_secret_value(SecretId=name, SecretString=demo_secret_value(chosen))
+    return chosen
+
+
+def _demo_key(value: str) -> str | None:
+    try:
+        held = json.loads(value)["headers"][DEMO_KEY_HEADER]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return held if isinstance(held, str) else None
+
+
 # --- the command -----------------------------------------------------------------------
 
 
@@ -238,8 +288,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         dynamodb.close()
         sqs.close()
+    _demo_secret(session)
     print(resources.to_json(), flush=True)
     return 0
+
+
+def _demo_secret(session: boto3.session.Session) -> None:
+    """Create the demo secret where a Secrets Manager endpoint is configured; say on
+    stderr why not otherwise (never the key)."""
+    if not any(os.environ.get(v) for v in _SECRETS_ENDPOINT_VARIABLES):
+        print(
+            "local_stack.resources: no Secrets Manager endpoint "
+            "(AWS_ENDPOINT_URL_SECRETS_MANAGER): demo secret not created",
+            file=sys.stderr,
+        )
+        return
+    client = session.client("secretsmanager", config=_CLIENT_CONFIG)
+    try:
+        create_demo_secret(client)
+    except (BotoCoreError, ClientError) as error:
+        print(
+            f"local_stack.resources: demo secret {DEMO_SECRET} not created "
+            f"({type(error).__name__})",
+            file=sys.stderr,
+        )
+    finally:
+        client.close()
 
 
 if __name__ == "__main__":

@@ -6,9 +6,11 @@ Order of things:
 1. DynamoDB Local, moto (SQS and CloudWatch) and the demo feed start as child processes
    in their own sessions (:mod:`local_stack.services`), so a Ctrl-C in the terminal
    reaches only this runner, which decides the order in which everything stops.
-2. The table ``connections`` and the queue ``websocket-fleet-starts`` (with its DLQ)
-   are created, and the router's Lambda handler is served on the API port
-   (:mod:`local_stack.api_server`) with ``ws://`` and loopback upstreams allowed.
+2. The table ``connections``, the queue ``websocket-fleet-starts`` (with its DLQ) and
+   the demo secret ``websocket-fleet/demo-feed`` (the feed's key for this run) are
+   created, and the router's Lambda handler is served on the API port
+   (:mod:`local_stack.api_server`) with ``ws://``, loopback upstreams and secrets under
+   ``websocket-fleet/`` allowed.
 3. N ``python -m worker`` processes start, also in their own sessions, configured
    through the environment exactly as a deployment configures them.
 4. The demo connections ``demo-1..demo-N`` are started through the router's HTTP API
@@ -29,6 +31,7 @@ itself fail the run: killing workers to watch the failover is part of the demo.
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import sys
 import time
@@ -57,6 +60,7 @@ from local_stack.process_env import (
     demo_url,
     format_number,
 )
+from local_stack.resources import DEMO_KEY_HEADER, DEMO_SECRET
 from local_stack.services import LOCAL_CREDENTIALS, LOCAL_REGION, LOOPBACK, ManagedProcess
 from local_stack.stop_requests import Phase, StopRequests
 from local_stack.workers import WORKER_READY_TIMEOUT_S, WorkerProcess, WorkerStartError, wait_ready
@@ -124,6 +128,9 @@ class LocalStack:
         self._info: list[str] = []
         self._reported_dead: set[str] = set()
         self._stdout_open = True
+        self._demo_key = secrets.token_urlsafe(18)
+        """The demo feed's key for this run (require_key=1 streams), also held by the
+        demo secret; never printed."""
 
     @property
     def servers(self) -> list[ManagedProcess]:
@@ -209,7 +216,11 @@ class LocalStack:
             return
         self._say(f"starting the demo feed on ws://{LOOPBACK}:{self.ports.feed}")
         with self.stops.abortable():
-            self._servers.append(services.start_feed(self.ports.feed, log_dir, self.options.rate))
+            self._servers.append(
+                services.start_feed(
+                    self.ports.feed, log_dir, self.options.rate, api_key=self._demo_key
+                )
+            )
         if self.stops.requested():
             return
 
@@ -231,6 +242,7 @@ class LocalStack:
         self._ddb = deployment.ddb
         self._queue_url = deployment.create_resources().queue_url
         self._table_ready = True
+        deployment.create_demo_secret(self._demo_key)
         if self.stops.requested():
             return
         self._say(f"starting the router API on {self._api_url}")
@@ -290,6 +302,9 @@ class LocalStack:
             f"{lease.heartbeat:g} s) | connections: {connections} at "
             f"{format_number(self.options.rate)} msg/s each",
             f"logs: {self.options.log_dir} (worker-<i>.log, and one per server)",
+            f"credentials: the secret {DEMO_SECRET} holds the demo feed's {DEMO_KEY_HEADER} "
+            f"for streams with require_key=1 (start them with "
+            f'"auth": {{"secret": "{DEMO_SECRET}"}})',
             f"inspect: aws --endpoint-url {dynamodb} --region {LOCAL_REGION} dynamodb scan "
             f"--table-name {TABLE_NAME} (credentials {LOCAL_CREDENTIALS}/{LOCAL_CREDENTIALS})",
             f"try: curl -s -X POST {self._api_url}/connections -d "

@@ -39,6 +39,9 @@ LOCAL_REGION = "us-east-1"
 LOCAL_CREDENTIALS = "local"
 
 _POLL_S = 0.1
+#: The demo feed's key variable (local_stack.feed.KEY_ENV; not imported: the feed
+#: module pulls in the WebSocket server).
+FEED_KEY_ENV = "DEMO_FEED_API_KEY"
 _LOG_TAIL_BYTES = 4000
 # Readiness probes fail fast: the wait loop, not botocore, owns the deadline.
 _PROBE_CONFIG = Config(connect_timeout=1, read_timeout=2, retries={"max_attempts": 1})
@@ -343,30 +346,36 @@ def start_feed(
     rate: float = 5.0,
     repo_root: Path = REPO_ROOT,
     timeout: float = 15.0,
+    *,
+    api_key: str | None = None,
+    api_key_file: Path | None = None,
 ) -> ManagedProcess:
     """Start the demo feed (``python -m local_stack.feed``) on ``127.0.0.1:port`` with
     ``rate`` messages/s as the default pace; returns once the port accepts TCP.
-    Failures raise as for :func:`start_dynamodb_local`, with the process stopped.
+    ``require_key=1`` streams need ``api_key`` (passed in the environment, not on the
+    command line) or what ``api_key_file`` holds at each handshake. Failures raise as
+    for :func:`start_dynamodb_local`, with the process stopped.
     """
     _refuse_busy_port(port)
-    managed = _launch(
-        f"feed-{port}",
-        [
-            sys.executable,
-            "-m",
-            "local_stack.feed",
-            "--host",
-            LOOPBACK,
-            "--port",
-            str(port),
-            "--rate",
-            repr(rate),
-        ],
-        log_dir,
-        cwd=repo_root,
-        # Unbuffered, so the log shows what happened even if the feed is killed.
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    argv = [
+        sys.executable,
+        "-m",
+        "local_stack.feed",
+        "--host",
+        LOOPBACK,
+        "--port",
+        str(port),
+        "--rate",
+        repr(rate),
+    ]
+    if api_key_file is not None:
+        argv += ["--api-key-file", str(api_key_file)]
+    # Unbuffered, so the log shows what happened even if the feed is killed.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop(FEED_KEY_ENV, None)
+    if api_key is not None:
+        env[FEED_KEY_ENV] = api_key
+    managed = _launch(f"feed-{port}", argv, log_dir, cwd=repo_root, env=env)
     _await_ready(managed, lambda: accepts_tcp(port), timeout, "accept TCP")
     return managed
 

@@ -10,6 +10,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 # Tests start their own DynamoDB Local and moto servers on free ports; make sure no
 # AWS settings of the machine leak into them.
 unset AWS_PROFILE AWS_ENDPOINT_URL AWS_ENDPOINT_URL_DYNAMODB AWS_ENDPOINT_URL_SQS \
+  AWS_ENDPOINT_URL_SECRETS_MANAGER \
   AWS_ENDPOINT_URL_CLOUDWATCH POWERTOOLS_SERVICE_NAME
 
 echo "== ruff"

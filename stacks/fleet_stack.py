@@ -21,6 +21,7 @@ from stacks.router_events import RouterEvents
 from stacks.router_function import RouterFunction
 from stacks.settings import LOG_RETENTION, FleetSettings
 from stacks.start_queue import StartQueue
+from stacks.upstream_secrets import grant_upstream_secrets
 from stacks.worker_scaling import WorkerScaling
 from stacks.worker_service import WorkerService
 from worker import config as worker_env
@@ -67,6 +68,7 @@ class WebSocketFleetStack(Stack):
         task_role = workers.task_definition.task_role
         table.grant_worker_access(task_role)
         starts.grant_worker_access(task_role)
+        grant_upstream_secrets(task_role, s.allowed_secret_prefix)
         WorkerScaling(
             self,
             "Scaling",
@@ -85,6 +87,7 @@ class WebSocketFleetStack(Stack):
                 router_env.QUEUE_URL: starts.queue.queue_url,
                 router_env.ALLOWED_UPSTREAM_HOSTS: ",".join(s.allowed_upstream_hosts),
                 router_env.ALLOW_INSECURE_WS: "false",
+                router_env.ALLOWED_SECRET_PREFIX: s.allowed_secret_prefix,
                 "POWERTOOLS_SERVICE_NAME": f"{s.service_name}-router",
             },
             powertools_version=s.powertools_version,

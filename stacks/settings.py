@@ -22,6 +22,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Node
 
 from wsfleet.metric_names import DEFAULT_SERVICE_NAME
+from wsfleet.secret_refs import check_prefix
 from wsfleet.timing import DEFAULT_LEASE_SECONDS, InvalidTimingError, LeaseTiming
 
 REPO_ROOT: Final = Path(__file__).resolve().parent.parent
@@ -29,6 +30,7 @@ ENVIRONMENT_KEY: Final = "fleet:environment"
 ENVIRONMENTS_KEY: Final = "fleet:environments"
 OVERRIDE_PREFIX: Final = "fleet:"
 DEFAULT_ENVIRONMENT: Final = "prod"
+DEFAULT_SECRET_PREFIX: Final = "websocket-fleet/"
 
 LOG_RETENTION: Final = {
     1: logs.RetentionDays.ONE_DAY,
@@ -95,6 +97,9 @@ class FleetSettings:
     """Defaults to ``WebSocketFleet-<environment>``."""
     service_name: str = DEFAULT_SERVICE_NAME
     allowed_upstream_hosts: tuple[str, ...] = ()
+    allowed_secret_prefix: str = DEFAULT_SECRET_PREFIX
+    """Secrets a start may name for its credentials (the router's
+    ``ALLOWED_SECRET_PREFIX``); the worker task role may read exactly those."""
     max_connections: int = 500
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     """The session lease (``LEASE_SECONDS``, 2.5 s); the worker derives the rest from
@@ -320,6 +325,7 @@ _KEYS: Final[dict[str, tuple[str, Any]]] = {
     "stackName": ("stack_name", str),
     "serviceName": ("service_name", str),
     "allowedUpstreamHosts": ("allowed_upstream_hosts", lambda v: tuple(_str_list(v))),
+    "allowedSecretPrefix": ("allowed_secret_prefix", lambda v: check_prefix(str(v))),
     "maxConnections": ("max_connections", _int),
     "leaseSeconds": ("lease_seconds", float),
     "minTasks": ("min_tasks", _int),

@@ -112,7 +112,9 @@ class WorkerService(Construct):
             Acknowledgment(
                 id="AwsSolutions-ECS2",
                 reason="The environment holds only non-secret settings (table name, queue "
-                "URL, timings, capacity, service name); the worker needs no secrets.",
+                "URL, timings, capacity, service name). Upstream credentials never pass "
+                "through it: the worker reads each connection's secret from Secrets Manager "
+                "when it connects, by the reference on the connection item.",
             )
         )
         Validations.of(self.task_definition.obtain_execution_role()).acknowledge(

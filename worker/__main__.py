@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from worker import logs, loop_watch
 from worker.aws_clients import make_clients
 from worker.config import ConfigError, WorkerConfig
+from worker.credentials import SecretCache, secrets_manager_reader
 from worker.delivery import load_handler
 from worker.fleet_worker import Worker, WorkerDeps
 from worker.plugins import PluginError
@@ -66,6 +67,9 @@ def main() -> int:
         sqs=clients.sqs,
         handler=handler,
         protocol=protocol,
+        secrets=SecretCache(
+            secrets_manager_reader(clients.secrets), ttl=config.secret_cache_seconds
+        ),
     )
     asyncio.run(serve(config, deps))
     return 0

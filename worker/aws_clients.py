@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import boto3
 from botocore.config import Config
@@ -22,7 +22,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL_SQS")
+_ENDPOINT_VARIABLES = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_DYNAMODB",
+    "AWS_ENDPOINT_URL_SQS",
+    "AWS_ENDPOINT_URL_SECRETS_MANAGER",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +36,8 @@ class Clients:
     renewals: DynamoDBClient
     """The session renew's own client (docs/DESIGN.md §4): never shared."""
     sqs: SQSClient
+    secrets: Any
+    """Secrets Manager, for connections that name a secret (worker.credentials)."""
 
 
 def dynamodb_config(timing: LeaseTiming, pool_size: int) -> Config:
@@ -71,6 +78,17 @@ def sqs_config(wait_seconds: int, pool_size: int) -> Config:
     )
 
 
+SECRETS_CONFIG = Config(
+    connect_timeout=2,
+    read_timeout=5,
+    retries={"mode": "standard", "total_max_attempts": 2},
+    max_pool_connections=8,
+)
+"""A secret is read at connect time, off the event loop, once per reference and cache
+period: a slow answer delays that connection's attempt only (bounded by its open
+timeout), never a renew."""
+
+
 def make_clients(timing: LeaseTiming, *, sqs_wait_seconds: int, pool_size: int) -> Clients:
     session = boto3.session.Session()
     region: str | None = session.region_name
@@ -92,4 +110,5 @@ def make_clients(timing: LeaseTiming, *, sqs_wait_seconds: int, pool_size: int) 
         sqs=session.client(
             "sqs", region_name=region, config=sqs_config(sqs_wait_seconds, pool_size)
         ),
+        secrets=session.client("secretsmanager", region_name=region, config=SECRETS_CONFIG),
     )

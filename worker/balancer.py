@@ -11,9 +11,10 @@ its last renew published it) and carries out this worker's part of the plan:
 - **rounds**: at most every ``BALANCE_ROUND_SECONDS``, a worker above its share by
   more than the tolerance stops the planned number of its connections with a
   graceful release (the final checkpoint goes into the item) and offers them, one
-  write per receiver, on the receivers' session items. A receiver's next renew (within
-  a heartbeat) returns the offer, and it acquires them: nothing is delivered twice,
-  nothing is skipped, and the gap is a release, a heartbeat at most and a connect;
+  write per receiver and chunk of 50, on the receivers' session items. A receiver's
+  next renew (within a heartbeat) returns the offer, and it acquires them: nothing is
+  delivered twice, nothing is skipped, and the gap is a release, a heartbeat at most
+  and a connect;
 - **drain**: at shutdown the worker publishes capacity 0 and hands everything it runs
   to the others the same way (``drain`` notices, which a receiver takes up to its
   capacity, like the takeover of a dead session), not limited by the round cap; what
@@ -48,6 +49,8 @@ log = logging.getLogger(__name__)
 
 OFFER_ATTEMPTS = 3
 """Tries of one offer write before the connections go to ``reassign`` hints instead."""
+OFFER_CHUNK = 50
+"""Connections per offer write: released together, offered together."""
 
 
 class BalanceOwner(Protocol):
@@ -267,6 +270,19 @@ class Balancer:
         return sum(done)
 
     async def _hand_to(
+        self, receiver: str, ids: list[str], kind: str, handed: set[str] | None
+    ) -> int:
+        """Hand ``ids`` to one receiver, in chunks of :data:`OFFER_CHUNK` side by side:
+        each chunk is offered as soon as its own releases are done, so the first
+        connections of a large hand-over (a drain) do not wait in the ``unowned``
+        index for the last release of the group."""
+        chunks = [ids[n : n + OFFER_CHUNK] for n in range(0, len(ids), OFFER_CHUNK)]
+        done = await asyncio.gather(
+            *(self._hand_chunk(receiver, chunk, kind, handed) for chunk in chunks)
+        )
+        return sum(done)
+
+    async def _hand_chunk(
         self, receiver: str, ids: list[str], kind: str, handed: set[str] | None
     ) -> int:
         released = await self._owner.hand_off(ids)

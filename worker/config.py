@@ -41,6 +41,7 @@ LOG_LEVEL: Final = "LOG_LEVEL"
 BALANCE_ROUND_SECONDS: Final = "BALANCE_ROUND_SECONDS"
 BALANCE_TOLERANCE: Final = "BALANCE_TOLERANCE"
 BALANCE_MOVE_FRACTION: Final = "BALANCE_MOVE_FRACTION"
+SECRET_CACHE_SECONDS: Final = "SECRET_CACHE_SECONDS"
 
 DEFAULT_HEALTH_FILE: Final = "/tmp/websocket-fleet-worker.alive"
 
@@ -76,6 +77,9 @@ class WorkerConfig:
     upstream_connects_per_second: float = 100.0
     """Upstream connects per host and second past the burst; 0: no pacing."""
     log_level: str = "INFO"
+    secret_cache_seconds: float = 300.0
+    """How long a secret's value read for a connection is used before it is read
+    again (docs/DESIGN.md §4.4, "Credentials"); 0: read at every connection attempt."""
     balance: BalanceSettings | None = field(default_factory=BalanceSettings)
     """How the fleet is kept balanced (docs/DESIGN.md §4.3); None: never rebalanced
     (``BALANCE_ROUND_SECONDS=0``)."""
@@ -93,6 +97,9 @@ class WorkerConfig:
         sqs_wait = _int(env, SQS_WAIT_SECONDS, 10)
         if not 0 <= sqs_wait <= 20:
             raise ConfigError(f"{SQS_WAIT_SECONDS} must be 0..20 (SQS long-poll limit)")
+        secret_cache = _opt_float(env, SECRET_CACHE_SECONDS)
+        if secret_cache is not None and not 0 <= secret_cache <= 86400:
+            raise ConfigError(f"{SECRET_CACHE_SECONDS} must be from 0 to 86400, got {secret_cache}")
         connect_burst = _int(env, UPSTREAM_CONNECT_BURST, 200)
         if connect_burst < 0:
             raise ConfigError(
@@ -119,6 +126,7 @@ class WorkerConfig:
             upstream_connect_burst=connect_burst,
             upstream_connects_per_second=_rate(env, UPSTREAM_CONNECTS_PER_SECOND, 100.0),
             log_level=(env.get(LOG_LEVEL) or "INFO").upper(),
+            secret_cache_seconds=300.0 if secret_cache is None else secret_cache,
             balance=balance_from_env(env),
         )
 

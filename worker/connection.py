@@ -29,6 +29,7 @@ already buffered in one call.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -36,22 +37,43 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidStatus
 
 from worker.connect_pacing import ConnectPacer
 from worker.connection_state import Call, ConnectionState, Ending, Failure, Frame, Watch
+from worker.credentials import NO_CREDENTIALS, Credentials, SecretCache, SecretError
 from worker.delivery import AnyHandler, Delivery, batch_call, make_delivery
 from worker.metrics import FleetMetrics
 from worker.upstream_failures import FailingClock, Verdict, describe
 from worker.upstream_health import UpstreamHealth
-from worker.upstream_protocol import Message, Reply, Unreadable, UpstreamProtocol, reader
+from worker.upstream_protocol import (
+    Message,
+    Reply,
+    Unreadable,
+    UpstreamProtocol,
+    is_resumable,
+    open_frames,
+    protocol_for,
+    reader,
+    with_query,
+)
 from wsfleet import metric_names as m
 from wsfleet.backoff import backoff_delays
 from wsfleet.checkpoint_page import BACKING_OFF, CONNECTING, STREAMING, PageEntry
 from wsfleet.lease_rules import Lease
 from wsfleet.lease_store import LeaseStore, Released
+from wsfleet.protocol_specs import InvalidProtocolError
 from wsfleet.timing import LeaseTiming
 
 log = logging.getLogger(__name__)
+
+AUTH_REFUSALS = frozenset((401, 403))
+"""Handshake answers that read the connection's secret again and retry at once."""
+
+_handshake_log = logging.getLogger("worker.upstream.handshake")
+# websockets logs a handshake's headers at DEBUG: a connection with credentials logs
+# through this logger, which never goes below INFO whatever LOG_LEVEL says.
+_handshake_log.setLevel(logging.INFO)
 
 TASK_STOP_SECONDS = 2.0
 """How long a cancelled reader may take to finish (an upstream close
@@ -87,6 +109,9 @@ class ConnectionSettings:
     fail_after: float = 600.0
     """Seconds of failed attempts with no message handled before a connection is
     parked (``UPSTREAM_FAIL_AFTER_SECONDS``)."""
+    secrets: SecretCache | None = None
+    """Where connections that name a secret read their credentials (None: such a
+    connection cannot connect)."""
     pacer: ConnectPacer = field(default_factory=ConnectPacer)
     """Paces every connect attempt per upstream host (``UPSTREAM_CONNECT_BURST``,
     ``UPSTREAM_CONNECTS_PER_SECOND``); the default paces nothing."""
@@ -126,6 +151,19 @@ class ConnectionRunner:
         """Set with the ``PARKED`` ending: what the park write records."""
         self._left_because: str | None = None
         """Why the reader left the current upstream connection itself, if it did."""
+        self._protocol_error: str | None = None
+        try:
+            self.protocol = protocol_for(lease.protocol, settings.protocol)
+        except InvalidProtocolError as error:
+            self.protocol = settings.protocol
+            self._protocol_error = str(error)
+        self._resumable = is_resumable(self.protocol)
+        self._gap_open = False
+        """A stream that cannot resume has (re)connected: its first delivery measures
+        the gap since the previous one."""
+        self._gap_from: float | None = None
+        """Loop time of this hold's last delivery before the current upstream
+        connection (None: none in this hold; the lease's ``advanced_at_ms`` then)."""
 
     @property
     def connection_id(self) -> str:
@@ -347,8 +385,15 @@ class ConnectionRunner:
                         s.wall_ms(),
                     )
                 else:
+                    # A stream that cannot resume leaves when it last moved, for the
+                    # next owner's gap.
+                    advanced = None if self._resumable else self._advanced_at_ms()
+                    extra: dict[str, Any] = {} if advanced is None else {"advanced_at_ms": advanced}
                     released = await loop.run_in_executor(
-                        None, s.store.release, self.lease, self.checkpoint, s.wall_ms()
+                        None,
+                        functools.partial(
+                            s.store.release, self.lease, self.checkpoint, s.wall_ms(), **extra
+                        ),
                     )
             except Exception as error:
                 delay = next(delays)
@@ -378,22 +423,27 @@ class ConnectionRunner:
         s = self._s
         delays = backoff_delays(initial=0.25, maximum=30.0, rng=s.rng.random)
         health = self.health
+        if self._protocol_error is not None:
+            log.warning(
+                "stored protocol does not validate: parking the connection",
+                extra={"connection_id": self.connection_id, "reason": self._protocol_error},
+            )
+            self.parked_reason = f"invalid protocol: {self._protocol_error}"
+            self._end(Ending.PARKED)
+            return
         while not self._stop_requested():
-            url = s.protocol.resume_url(self.lease.ws_url, self.checkpoint)
+            url = self.protocol.resume_url(self.lease.ws_url, self.checkpoint)
             delivered_before = self.checkpoint
             failure: Exception | None = None
             self._left_because = None
             health.status = CONNECTING
             await s.pacer.wait(url)  # cancelled by a stop like every other wait here
             try:
-                async with connect(
-                    url,
-                    open_timeout=s.open_timeout,
-                    ping_interval=s.ping_interval,
-                    ping_timeout=s.ping_interval,
-                    close_timeout=1.0,
-                    max_size=s.max_message_bytes,
-                ) as ws:
+                ws, frames = await self._open(url)
+                async with ws:
+                    # Before anything is read: a subscribe that the upstream waits for.
+                    for frame in frames:
+                        await ws.send(frame)
                     health.status = STREAMING
                     log.info(
                         "upstream connected",
@@ -402,12 +452,17 @@ class ConnectionRunner:
                             "from_seq": self.checkpoint + 1,
                         },
                     )
+                    if not self._resumable:
+                        self._gap_open, self._gap_from = True, self._advanced_at
                     await self._receive(ws)
             except Exception as error:
                 failure = error
                 log.warning(
                     "upstream connection failed",
-                    extra={"connection_id": self.connection_id, "error": repr(error)},
+                    extra={
+                        "connection_id": self.connection_id,
+                        **_failure_fields(error, with_secret=self.lease.auth_secret is not None),
+                    },
                 )
             if self._stop_requested():
                 return
@@ -438,6 +493,91 @@ class ConnectionRunner:
                 # so a 30 s backoff does not stretch it.
                 delay = min(delay, max(park_in, 0.05))
             await asyncio.sleep(delay)
+
+    async def _open(self, url: str) -> tuple[ClientConnection, list[str]]:
+        """Connect to ``url`` with the connection's credentials (from its secret, when
+        it names one: headers in the handshake, query parameters in this attempt's
+        URL only) and make the frames to send first. A handshake refused with 401 or
+        403 reads the secret again and tries once more at once; refused again, the
+        refusal stands (a permanent one, which parks)."""
+        reference = self.lease.auth_secret
+        credentials = await self._credentials(reference)
+        try:
+            return await self._connect(url, credentials)
+        except InvalidStatus as refused:
+            status = refused.response.status_code
+            if reference is None or self._s.secrets is None or status not in AUTH_REFUSALS:
+                raise
+            log.warning(
+                "upstream refused the credentials; reading the secret again",
+                extra={"connection_id": self.connection_id, "secret": reference, "status": status},
+            )
+            self._s.secrets.invalidate(reference, credentials)
+            credentials = await self._credentials(reference)
+            await self._s.pacer.wait(url)  # a mass rotation must not burst either
+            return await self._connect(url, credentials)
+
+    async def _credentials(self, reference: str | None) -> Credentials:
+        if reference is None:
+            return NO_CREDENTIALS
+        if self._s.secrets is None:
+            raise SecretError(reference, "no secret store configured")
+        try:
+            async with asyncio.timeout(self._s.open_timeout):
+                return await self._s.secrets.get(reference)
+        except SecretError as error:
+            log.warning(
+                "secret not usable",
+                extra={
+                    "connection_id": self.connection_id,
+                    "secret": reference,
+                    "reason": error.reason,
+                },
+            )
+            raise
+
+    async def _connect(
+        self, url: str, credentials: Credentials
+    ) -> tuple[ClientConnection, list[str]]:
+        s = self._s
+        frames = open_frames(self.protocol, self.checkpoint, credentials.fields)
+        ws = await connect(
+            with_query(url, credentials.query),
+            additional_headers=dict(credentials.headers) or None,
+            open_timeout=s.open_timeout,
+            ping_interval=s.ping_interval,
+            ping_timeout=s.ping_interval,
+            close_timeout=1.0,
+            max_size=s.max_message_bytes,
+            logger=None if credentials is NO_CREDENTIALS else _handshake_log,
+        )
+        return ws, frames
+
+    def _measure_gap(self) -> None:
+        """The first delivery of a stream that cannot resume after it (re)connected:
+        what was sent since the previous delivery (this hold's, or the previous
+        owner's) is lost; the time between the two is the gap."""
+        self._gap_open = False
+        s = self._s
+        if self._gap_from is not None and self._advanced_at is not None:
+            gap_ms = (self._advanced_at - self._gap_from) * 1000
+        elif self.lease.advanced_at_ms is not None:
+            gap_ms = s.wall_ms() - self.lease.advanced_at_ms
+        else:
+            return  # nothing delivered before: nothing to miss
+        gap_ms = max(0, round(gap_ms))
+        s.metrics.upstream_gap(gap_ms)
+        log.info(
+            "stream cannot resume: gap since the previous delivery",
+            extra={"connection_id": self.connection_id, "gap_ms": gap_ms},
+        )
+
+    def _advanced_at_ms(self) -> int | None:
+        """Wall-clock ms of this hold's last checkpoint advance (None: none)."""
+        advanced = self._advanced_at
+        if advanced is None:
+            return None
+        return self._s.wall_ms() - round((self._now() - advanced) * 1000)
 
     async def _mark_failing(self) -> None:
         """Write when the failing streak began (once per streak): the next owner goes on
@@ -481,7 +621,7 @@ class ConnectionRunner:
         handle: Callable[[Delivery], Awaitable[None]] = s.handler.handle  # type: ignore[union-attr]
         state = self.state
         loop = self._loop
-        read = reader(s.protocol)
+        read = reader(self.protocol)
         connection_id, epoch, worker_id = self.connection_id, self.lease.epoch, s.worker_id
         task = asyncio.current_task()
         assert task is not None
@@ -494,7 +634,7 @@ class ConnectionRunner:
             else:
                 await self._not_a_message(ws, frame)
                 continue
-            if state.classify(seq) is not Frame.NEXT:
+            if state.classify(seq) is not Frame.NEXT and not self._takes(seq):
                 if self._out_of_order(seq):
                     continue
                 return
@@ -519,7 +659,7 @@ class ConnectionRunner:
         s = self._s
         state = self.state
         loop = self._loop
-        read = reader(s.protocol)
+        read = reader(self.protocol)
         connection_id, epoch, worker_id = self.connection_id, self.lease.epoch, s.worker_id
         task = asyncio.current_task()
         assert task is not None
@@ -538,7 +678,7 @@ class ConnectionRunner:
                     seq = 0
                 if not seq:
                     pass
-                elif state.classify(seq, last) is Frame.NEXT:
+                elif state.classify(seq, last) is Frame.NEXT or self._takes(seq, last):
                     last = seq
                     batch.append(make_delivery(connection_id, epoch, seq, payload, worker_id))
                 elif not self._out_of_order(seq, last):
@@ -572,6 +712,11 @@ class ConnectionRunner:
             "unreadable upstream frame skipped",
             extra={"connection_id": self.connection_id, "reason": frame.reason},
         )
+
+    def _takes(self, seq: int, after: int | None = None) -> bool:
+        """A message past a gap that is delivered anyway: the stream cannot resume,
+        so there is nothing to ask for again; it goes on from there (§4.6)."""
+        return not self._resumable and self.state.classify(seq, after) is Frame.GAP
 
     def _out_of_order(self, seq: int, after: int | None = None) -> bool:
         """A message that is not the next one (``after``: the last seq of the batch
@@ -653,6 +798,8 @@ class ConnectionRunner:
         self.state.call_returned(last)
         self._advanced_at = self._loop.time()
         self._s.metrics.count(m.MESSAGES_PROCESSED, count)
+        if self._gap_open:
+            self._measure_gap()
         return self.failing.message_handled()
 
     async def _paused(self) -> None:
@@ -732,3 +879,12 @@ def _message_buffered(ws: ClientConnection) -> bool:
 
 class DeadlineReachedError(Exception):
     """The handler call was cut by its deadline."""
+
+
+def _failure_fields(error: Exception, *, with_secret: bool) -> dict[str, str]:
+    """How a failed upstream connection is logged: the error's repr, or, for a
+    connection with credentials (whose URL may carry some, and an exception's text may
+    quote the URL), its short description and class only."""
+    if with_secret:
+        return {"error": describe(error), "error_class": type(error).__name__}
+    return {"error": repr(error)}

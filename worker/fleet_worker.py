@@ -21,6 +21,7 @@ from worker.config import WorkerConfig
 from worker.connect_pacing import ConnectPacer
 from worker.connection import ConnectionRunner, ConnectionSettings, Outcome
 from worker.connection_state import Ending
+from worker.credentials import SecretCache
 from worker.delivery import AnyHandler
 from worker.metrics import FleetMetrics
 from worker.reconciler import Reconciler
@@ -75,6 +76,8 @@ class WorkerDeps:
     protocol: UpstreamProtocol
     wall_ms: Callable[[], int] = wall_clock_ms
     rng: random.Random | None = None
+    secrets: SecretCache | None = None
+    """Where connections that name a secret read it (None: they cannot connect)."""
 
 
 class Worker:
@@ -127,6 +130,7 @@ class Worker:
             ping_interval=config.ping_interval,
             max_message_bytes=config.max_message_bytes,
             fail_after=config.upstream_fail_after,
+            secrets=deps.secrets,
             pacer=ConnectPacer(
                 config.upstream_connect_burst, config.upstream_connects_per_second, rng=rng
             ),
@@ -337,6 +341,7 @@ class Worker:
                 "last_seq": result.last_seq,
                 "takeover_latency_ms": result.takeover_latency_ms,
                 "failing_since_ms": result.failing_since_ms,
+                "secret": result.auth_secret,
             },
         )
         runner = ConnectionRunner(self._settings, result, self._deadline)

@@ -46,6 +46,7 @@ class FleetMetrics:
         self._out = out
         self._counts = dict.fromkeys(m.COUNTERS, 0)
         self._takeover_latencies: list[float] = []
+        self._upstream_gaps: list[float] = []
         self._renew_lateness: list[float] = []
         self._renew_gaps: list[float] = []
         self._renew_slacks: list[float] = []
@@ -57,6 +58,12 @@ class FleetMetrics:
 
     def takeover_latency(self, milliseconds: float) -> None:
         self._takeover_latencies.append(milliseconds)
+
+    def upstream_gap(self, milliseconds: float) -> None:
+        """A stream that cannot resume delivered again after a move or a reconnect,
+        ``milliseconds`` after its previous delivery (counted as ``UpstreamGaps`` too)."""
+        self._upstream_gaps.append(milliseconds)
+        self._counts[m.UPSTREAM_GAPS] += 1
 
     def renew_lateness(self, seconds: float) -> None:
         """How late a renew was sent against its schedule (event loop lag)."""
@@ -131,22 +138,31 @@ class FleetMetrics:
         """Write this period's EMF lines, reset the counters, return the documents.
 
         The first document carries every counter and ActiveConnections exactly once,
-        with up to :data:`VALUES_PER_DOCUMENT` takeover latencies; further latencies
-        follow in documents of their own, so none is dropped. Powertools publishes a
-        metric by itself (to stdout, then empties its set) once it holds 100 values;
-        keeping each document below that means everything goes out through here.
+        with up to :data:`VALUES_PER_DOCUMENT` takeover latencies and as many upstream
+        gaps; further values follow in documents of their own, so none is dropped.
+        Powertools publishes a metric by itself (to stdout, then empties its set) once
+        it holds 100 values; keeping each document below that means everything goes
+        out through here.
         """
-        latencies = self._takeover_latencies
-        chunks = [
-            latencies[start : start + VALUES_PER_DOCUMENT]
-            for start in range(0, len(latencies), VALUES_PER_DOCUMENT)
-        ] or [[]]
+        series = {
+            m.TAKEOVER_LATENCY_MS: self._takeover_latencies,
+            m.UPSTREAM_GAP_MS: self._upstream_gaps,
+        }
+        longest = max(len(values) for values in series.values())
         documents = [
-            self._document(chunk, timestamp_ms, with_counters=index == 0)
-            for index, chunk in enumerate(chunks)
+            self._document(
+                {
+                    name: values[start : start + VALUES_PER_DOCUMENT]
+                    for name, values in series.items()
+                },
+                timestamp_ms,
+                with_counters=start == 0,
+            )
+            for start in range(0, max(longest, 1), VALUES_PER_DOCUMENT)
         ]
         self._counts = dict.fromkeys(m.COUNTERS, 0)
         self._takeover_latencies = []
+        self._upstream_gaps = []
         self._renew_lateness = []
         self._renew_gaps = []
         self._renew_slacks = []
@@ -158,7 +174,11 @@ class FleetMetrics:
         return documents
 
     def _document(
-        self, latencies: list[float], timestamp_ms: int | None, *, with_counters: bool
+        self,
+        values: dict[str, list[float]],
+        timestamp_ms: int | None,
+        *,
+        with_counters: bool,
     ) -> dict[str, object]:
         emf = self._emf
         emf.clear_metrics()
@@ -166,10 +186,11 @@ class FleetMetrics:
         emf.add_dimensions(**{m.SERVICE_DIMENSION: self._service, m.TASK_DIMENSION: self._task_id})
         if with_counters:
             emf.add_metric(name=m.ACTIVE_CONNECTIONS, unit=MetricUnit.Count, value=self._active())
-            for name, value in self._counts.items():
-                emf.add_metric(name=name, unit=MetricUnit.Count, value=value)
-        for latency in latencies:
-            emf.add_metric(name=m.TAKEOVER_LATENCY_MS, unit=MetricUnit.Milliseconds, value=latency)
+            for name, count in self._counts.items():
+                emf.add_metric(name=name, unit=MetricUnit.Count, value=count)
+        for name, chunk in values.items():
+            for value in chunk:
+                emf.add_metric(name=name, unit=MetricUnit.Milliseconds, value=value)
         if timestamp_ms is not None:
             emf.set_timestamp(timestamp_ms)
         try:

@@ -25,6 +25,9 @@ from dataclasses import dataclass
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
+from worker.credentials import SecretError
+from worker.upstream_protocol import OpenFrameError
+
 RETRYABLE_4XX = frozenset((408, 429))
 """Request Timeout and Too Many Requests: the upstream may answer otherwise later."""
 
@@ -49,6 +52,8 @@ def describe(error: BaseException | None, *, delivered: bool = False) -> str:
     may quote the URL or a host)."""
     if error is None:
         return "closed by upstream" if delivered else "closed before a message"
+    if isinstance(error, (SecretError, OpenFrameError)):
+        return str(error)  # written to be shown: a reason, never a secret's value
     if isinstance(error, InvalidStatus):
         return f"HTTP {error.response.status_code}"
     if isinstance(error, ConnectionClosed):

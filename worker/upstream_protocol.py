@@ -1,20 +1,35 @@
-"""How a connection resumes and reads its upstream (``UPSTREAM_PROTOCOL``).
+"""How a connection resumes and reads its upstream (docs/DESIGN.md §4.6).
 
-The default ``json-seq``: each message is a JSON object with an integer ``seq``
+A connection speaks the protocol its item names (a spec of
+:mod:`wsfleet.protocol_specs`: ``json-seq``, ``json-field`` or ``live`` with their
+options), or, without one, the worker's default (``UPSTREAM_PROTOCOL``: ``json-seq``
+or a ``module:factory`` plug-in). Each runner builds its own instance
+(:func:`protocol_for`), so a protocol may keep per-connection state.
+
+The built-in ``json-seq``: each message is a JSON object with an integer ``seq``
 (starting at 1); on (re)connect the worker appends ``from_seq=<last_seq + 1>`` to
 the URL. An object ``{"type": "ping", ...}`` is an application-level ping, answered
-with the same object typed ``pong``. Other protocols plug in as ``module:factory``.
+with the same object typed ``pong``.
+
+The runner calls, for every connection attempt and in this order:
+:meth:`~UpstreamProtocol.resume_url` with the checkpoint, then :func:`open_frames`
+(frames sent right after the handshake, before anything is read), then
+:meth:`~UpstreamProtocol.decode` for every frame received. Plug-ins need only
+``resume_url`` and ``decode``; without ``open_frames`` they send nothing, without
+``resumable`` they count as resumable.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from worker.plugins import PluginError, load_factory
+from wsfleet import protocol_specs
+from wsfleet.protocol_specs import ProtocolSpec, render_template, resolve_pointer
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,13 +70,81 @@ class UpstreamProtocol(Protocol):
         ...
 
 
+class OpenFrameError(ValueError):
+    """The frames to send after the handshake cannot be made (a subscribe template
+    names a secret field the connection's secret does not have). The message names the
+    field, never a value."""
+
+
+def open_frames(protocol: UpstreamProtocol, last_seq: int, secret: Mapping[str, Any]) -> list[str]:
+    """The frames ``protocol`` sends right after the handshake (none for a plug-in
+    without ``open_frames``). ``secret``: the string fields of the connection's secret
+    (empty without one)."""
+    hook = getattr(protocol, "open_frames", None)
+    if hook is None:
+        return []
+    frames: list[str] = hook(last_seq, secret)
+    return frames
+
+
+def is_resumable(protocol: UpstreamProtocol) -> bool:
+    """Whether a new connection can ask the upstream for what came after the
+    checkpoint (a plug-in without ``resumable`` is)."""
+    return bool(getattr(protocol, "resumable", True))
+
+
+def with_query(url: str, params: Mapping[str, str]) -> str:
+    """``url`` with each of ``params`` set (replacing a parameter of that name)."""
+    if not params:
+        return url
+    parts = urlsplit(url)
+    pairs = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in params]
+    pairs.extend(params.items())
+    return urlunsplit(parts._replace(query=urlencode(pairs)))
+
+
+def _subscribe_frames(template: Any, last_seq: int, secret: Mapping[str, Any]) -> list[str]:
+    if template is None:
+        return []
+    try:
+        frame = render_template(template, last_seq=last_seq, secret=secret)
+    except KeyError as missing:
+        raise OpenFrameError(
+            f"the subscribe frame names {missing.args[0]}, which the connection's secret "
+            "does not have"
+        ) from None
+    return [json.dumps(frame, separators=(",", ":"))]
+
+
+def _json(data: str | bytes) -> Any:
+    """The JSON value of a frame; raises ValueError when it is not JSON (or not UTF-8,
+    or nested too deep to parse)."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+
+
 class JsonSeqProtocol:
+    """``json-seq``: an integer ``seq`` in each JSON object, resumed with ``from_seq``."""
+
+    resumable = True
+    _subscribe: Any = None
+    """Class-level too: a plug-in that subclasses this one without calling
+    ``__init__`` still works."""
+
+    def __init__(self, subscribe: Any = None) -> None:
+        self._subscribe = subscribe
+
     def resume_url(self, ws_url: str, last_seq: int) -> str:
         parts = urlsplit(ws_url)
         pairs = parse_qsl(parts.query, keep_blank_values=True)
         query = [(k, v) for k, v in pairs if k != "from_seq"]
         query.append(("from_seq", str(last_seq + 1)))
         return urlunsplit(parts._replace(query=urlencode(query)))
+
+    def open_frames(self, last_seq: int, secret: Mapping[str, Any]) -> list[str]:
+        return _subscribe_frames(self._subscribe, last_seq, secret)
 
     def decode(self, data: str | bytes) -> Frame:
         frame = self.read(data)
@@ -72,7 +155,7 @@ class JsonSeqProtocol:
         path, one object less per message."""
         try:
             obj = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep
             return Unreadable("not JSON")
         if type(obj) is not dict:
             return Unreadable("not a JSON object")
@@ -90,6 +173,96 @@ def reader(protocol: UpstreamProtocol) -> Callable[[str | bytes], Read]:
     ``decode``."""
     read = getattr(protocol, "read", None)
     return read if callable(read) else protocol.decode
+
+
+class JsonFieldProtocol:
+    """``json-field``: the sequence number at a JSON pointer, the payload the whole
+    object or the value at another; resumed through a URL parameter, the subscribe
+    frame, or not at all."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self._sequence: str = options["sequence"]
+        self._payload: str | None = options.get("payload")
+        self._resume: str = options.get("resume", protocol_specs.RESUME_NONE)
+        self._param: str | None = options.get("resume_param")
+        self._subscribe = options.get("subscribe")
+        self.resumable = self._resume != protocol_specs.RESUME_NONE
+        self._no_seq = f"no integer >= 1 at {self._sequence}"
+
+    def resume_url(self, ws_url: str, last_seq: int) -> str:
+        if self._resume == protocol_specs.RESUME_QUERY and self._param is not None:
+            return with_query(ws_url, {self._param: str(last_seq + 1)})
+        return ws_url
+
+    def open_frames(self, last_seq: int, secret: Mapping[str, Any]) -> list[str]:
+        return _subscribe_frames(self._subscribe, last_seq, secret)
+
+    def decode(self, data: str | bytes) -> Frame:
+        try:
+            doc = _json(data)
+        except ValueError:
+            return Unreadable("not JSON")
+        try:
+            seq = resolve_pointer(doc, self._sequence)
+        except LookupError:
+            return Unreadable(self._no_seq)
+        if not _is_seq(seq):
+            return Unreadable(self._no_seq)
+        if self._payload is None:
+            return Message(seq, doc)
+        try:
+            return Message(seq, resolve_pointer(doc, self._payload))
+        except LookupError:
+            return Unreadable(f"nothing at {self._payload}")
+
+
+class LiveProtocol:
+    """``live``: no sequence. Each message is numbered locally, from the checkpoint on
+    (set again at every connection attempt, by :meth:`resume_url`); nothing resumes."""
+
+    resumable = False
+
+    def __init__(self, subscribe: Any = None) -> None:
+        self._subscribe = subscribe
+        self._next = 1
+
+    def resume_url(self, ws_url: str, last_seq: int) -> str:
+        self._next = last_seq + 1
+        return ws_url
+
+    def open_frames(self, last_seq: int, secret: Mapping[str, Any]) -> list[str]:
+        return _subscribe_frames(self._subscribe, last_seq, secret)
+
+    def decode(self, data: str | bytes) -> Frame:
+        try:
+            payload = _json(data)
+        except ValueError:
+            return Unreadable("not JSON")
+        seq = self._next
+        self._next += 1
+        return Message(seq, payload)
+
+
+def _is_seq(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def from_spec(spec: ProtocolSpec) -> UpstreamProtocol:
+    """A fresh instance of the built-in protocol ``spec`` names."""
+    if spec.name == protocol_specs.JSON_FIELD:
+        return JsonFieldProtocol(spec.options)
+    if spec.name == protocol_specs.LIVE:
+        return LiveProtocol(spec.subscribe)
+    return JsonSeqProtocol(spec.subscribe)
+
+
+def protocol_for(stored: str | None, default: UpstreamProtocol) -> UpstreamProtocol:
+    """The protocol of a connection whose item stores ``stored`` (its spec, or None:
+    ``default``, the worker's ``UPSTREAM_PROTOCOL``). Raises
+    :class:`~wsfleet.protocol_specs.InvalidProtocolError` for a stored spec that does
+    not validate."""
+    spec = protocol_specs.spec_from_item(stored)
+    return default if spec is None else from_spec(spec)
 
 
 def load_protocol(spec: str) -> UpstreamProtocol:

@@ -187,3 +187,12 @@ def resume_seq(
     if entry is None or entry.epoch != item_epoch or entry.seq_gen != item_seq_gen:
         return item_last_seq
     return max(item_last_seq, entry.seq)
+
+
+def page_advance_ms(item_epoch: int, item_seq_gen: int, entry: PageEntry | None) -> int | None:
+    """When a takeover's stream last advanced, by the dead session's page: the entry's
+    time when the entry belongs to the item's hold and stream (as for
+    :func:`resume_seq`); None otherwise (the item's own, if any, is used instead)."""
+    if entry is None or entry.epoch != item_epoch or entry.seq_gen != item_seq_gen:
+        return None
+    return entry.advanced_at_ms

@@ -31,7 +31,7 @@ class StartOutcome(enum.Enum):
     RESTARTED = "restarted"
     ALREADY_STARTED = "already_started"
     CONFLICT = "conflict"
-    """Started with another URL: the caller must stop it first."""
+    """Started with another URL, protocol or auth: the caller must stop it first."""
 
     @property
     def sends_start_message(self) -> bool:
@@ -71,6 +71,8 @@ _START_NAMES = {
     "#parked": schema.PARKED_REASON,
     "#parkedat": schema.PARKED_AT_MS,
     "#failing": schema.FAILING_SINCE_MS,
+    "#proto": schema.PROTOCOL,
+    "#auth": schema.AUTH_SECRET,
 }
 
 
@@ -78,22 +80,33 @@ def start_update(
     ws_url: str,
     now_ms: int,
     *,
-    url_changed: bool,
+    stream_changed: bool,
     rearm: bool = False,
     owned: bool = False,
+    protocol: str | None = None,
+    auth_secret: str | None = None,
     metadata: Mapping[str, Any] | None = None,
     connection_id: str,
 ) -> dict[str, Any]:
     """The conditional write of a start.
 
-    ``url_changed=False``: create the item, or restart a STOPPED one with the same
-    URL, keeping its checkpoint. ``url_changed=True``: restart a STOPPED one whose
-    URL differs; the checkpoint of the old stream means nothing for the new one, so
-    ``last_seq`` goes back to 0 and ``seq_gen`` goes up by one (a final checkpoint of
-    the old stream, released late, must not land on the new one).
+    A start asks for a triple: the URL, the protocol (``protocol``, the stored form of
+    :meth:`wsfleet.protocol_specs.ProtocolSpec.to_item`; None for the worker's default)
+    and the credentials (``auth_secret``, a secret reference; None for none). The
+    write stores all three, removing ``protocol`` and ``auth_secret`` when the start
+    has none. The **stream** is the URL and the protocol: a checkpoint counts the
+    messages of one URL as one protocol numbers them, so it survives a restart only
+    when both are unchanged. New credentials for the same stream keep it.
+
+    ``stream_changed=False``: create the item, or restart a STOPPED one with the same
+    URL and protocol, keeping its checkpoint. ``stream_changed=True``: restart a
+    STOPPED one whose URL or protocol differs; the checkpoint of the old stream means
+    nothing for the new one, so ``last_seq`` goes back to 0 and ``seq_gen`` goes up by
+    one (a final checkpoint of the old stream, released late, must not land on the new
+    one).
 
     ``rearm=True``: the item is parked (docs/DESIGN.md §3.7), whatever its desired
-    state; the start re-arms it with the same two URL variants, removes the parked
+    state; the start re-arms it with the same two stream variants, removes the parked
     and failing marks and puts it back into the unowned index, so the acquire sees it
     again. A parked item has no owner (the park released it and nobody may take it).
     The other variants refuse a parked item, so only this one ever re-arms it.
@@ -120,11 +133,26 @@ def start_update(
     ]
     adds = ["#gen :one"]
     removes = ["#ttl"]
-    if url_changed:
+    if stream_changed:
         sets.append("#seq = :zero")
         adds.append("#seqgen :one")
     else:
         sets += ["#seq = if_not_exists(#seq, :zero)", "#seqgen = if_not_exists(#seqgen, :zero)"]
+    if protocol is None:
+        removes.append("#proto")
+        same_stream = "#url = :url AND attribute_not_exists(#proto)"
+        new_stream = "(#url <> :url OR attribute_exists(#proto))"
+    else:
+        values[":proto"] = protocol
+        sets.append("#proto = :proto")
+        same_stream = "#url = :url AND #proto = :proto"
+        new_stream = "(#url <> :url OR #proto <> :proto)"
+    stream = new_stream if stream_changed else same_stream
+    if auth_secret is None:
+        removes.append("#auth")
+    else:
+        values[":auth"] = auth_secret
+        sets.append("#auth = :auth")
     names = dict(_START_NAMES)
     if owned:
         del names["#free"]
@@ -139,28 +167,19 @@ def start_update(
         sets.append("#meta = :meta")
     if rearm:
         removes += ["#parked", "#parkedat", "#failing"]
-        same_url = "#url <> :url" if url_changed else "#url = :url"
-        condition = f"attribute_exists(#parked) AND {same_url} AND {ownership}"
+        condition = f"attribute_exists(#parked) AND {stream} AND {ownership}"
         del names["#pk"]
         del values[":stopped"]
     else:
         del names["#parkedat"], names["#failing"]
-        if url_changed:
-            condition = (
-                "#state = :stopped AND #url <> :url AND attribute_not_exists(#parked)"
-                f" AND {ownership}"
-            )
+        restart = (
+            f"#state = :stopped AND {stream} AND attribute_not_exists(#parked) AND {ownership}"
+        )
+        if stream_changed or owned:
+            condition = restart
             del names["#pk"]
         else:
-            restart = (
-                "#state = :stopped AND #url = :url AND attribute_not_exists(#parked)"
-                f" AND {ownership}"
-            )
-            if owned:
-                condition = restart
-                del names["#pk"]
-            else:
-                condition = f"attribute_not_exists(#pk) OR ({restart})"
+            condition = f"attribute_not_exists(#pk) OR ({restart})"
     return {
         "UpdateExpression": (
             f"SET {', '.join(sets)} ADD {', '.join(adds)} REMOVE {', '.join(removes)}"
@@ -175,24 +194,36 @@ def start_update(
 class StartVariant:
     """Which conditional start write applies to the item as last seen."""
 
-    url_changed: bool = False
+    stream_changed: bool = False
     rearm: bool = False
     owned: bool = False
 
 
-def start_failure(old: ConnectionItem | None, ws_url: str) -> StartOutcome | StartVariant:
+def start_failure(
+    old: ConnectionItem | None,
+    ws_url: str,
+    *,
+    protocol: str | None = None,
+    auth_secret: str | None = None,
+) -> StartOutcome | StartVariant:
     """Decide on a failed start write from the item that made it fail: the outcome,
     or the variant of the write that applies to that item (a parked item, STOPPED or
-    not, is re-armed; a STOPPED one restarted; an item that vanished, created)."""
+    not, is re-armed; a STOPPED one restarted; an item that vanished, created).
+
+    A STARTED item (not parked) is already started when it runs the same triple (URL,
+    protocol, auth) and a conflict otherwise; the stream (URL and protocol) alone
+    decides whether a restart or a re-arm resets the checkpoint."""
     if old is None:
         return StartVariant()
-    url_changed = old.ws_url != ws_url
+    stream_changed = old.ws_url != ws_url or old.protocol != protocol
     owned = old.lease_owner is not None
     if old.parked:
-        return StartVariant(url_changed=url_changed, rearm=True, owned=owned)
+        return StartVariant(stream_changed=stream_changed, rearm=True, owned=owned)
     if not old.started:
-        return StartVariant(url_changed=url_changed, owned=owned)
-    return StartOutcome.CONFLICT if url_changed else StartOutcome.ALREADY_STARTED
+        return StartVariant(stream_changed=stream_changed, owned=owned)
+    if stream_changed or old.auth_secret != auth_secret:
+        return StartOutcome.CONFLICT
+    return StartOutcome.ALREADY_STARTED
 
 
 def stop_update(now_ms: int, ttl_seconds: int = STOPPED_TTL_SECONDS) -> dict[str, Any]:
@@ -230,8 +261,13 @@ class DesiredStateStore:
         ws_url: str,
         now_ms: int,
         *,
+        protocol: str | None = None,
+        auth_secret: str | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> StartResult:
+        """Start ``connection_id`` with the triple ``ws_url``, ``protocol`` (the stored
+        form of a spec, None for the worker's default) and ``auth_secret`` (a secret
+        reference, never a value; None for no credentials)."""
         variant = StartVariant()
         # Each failed write tells which variant applies next; a few rounds cover a
         # concurrent stop or start (or a park) changing the item between two writes.
@@ -239,16 +275,20 @@ class DesiredStateStore:
             update = start_update(
                 ws_url,
                 now_ms,
-                url_changed=variant.url_changed,
+                stream_changed=variant.stream_changed,
                 rearm=variant.rearm,
                 owned=variant.owned,
+                protocol=protocol,
+                auth_secret=auth_secret,
                 metadata=metadata,
                 connection_id=connection_id,
             )
             try:
                 old = self._update(connection_id, update)
             except ConditionFailedError as failed:
-                decided = start_failure(failed.old, ws_url)
+                decided = start_failure(
+                    failed.old, ws_url, protocol=protocol, auth_secret=auth_secret
+                )
                 if isinstance(decided, StartOutcome):
                     return StartResult(decided, failed.old)
                 variant = decided

@@ -34,6 +34,10 @@ _KNOWN = {
     schema.PARKED_REASON,
     schema.PARKED_AT_MS,
     schema.FAILING_SINCE_MS,
+    schema.PROTOCOL,
+    schema.AUTH_SECRET,
+    schema.ADVANCED_AT_MS,
+    schema.ADVANCED_START_GEN,
 }
 
 
@@ -79,6 +83,14 @@ class ConnectionItem:
     parked_reason: str | None = None
     parked_at_ms: int | None = None
     failing_since_ms: int | None = None
+    protocol: str | None = None
+    """The protocol spec as stored (compact JSON, :mod:`wsfleet.protocol_specs`);
+    None: the worker's default protocol."""
+    auth_secret: str | None = None
+    """The secret reference credentials are read from at connect time (never a
+    value, :mod:`wsfleet.secret_refs`); None: no credentials."""
+    advanced_at_ms: int | None = None
+    advanced_start_gen: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -103,6 +115,10 @@ class ConnectionItem:
             parked_reason=plain.get(schema.PARKED_REASON),
             parked_at_ms=_opt_int(plain.get(schema.PARKED_AT_MS)),
             failing_since_ms=_opt_int(plain.get(schema.FAILING_SINCE_MS)),
+            protocol=plain.get(schema.PROTOCOL),
+            auth_secret=plain.get(schema.AUTH_SECRET),
+            advanced_at_ms=_opt_int(plain.get(schema.ADVANCED_AT_MS)),
+            advanced_start_gen=_opt_int(plain.get(schema.ADVANCED_START_GEN)),
             extra={k: v for k, v in plain.items() if k not in _KNOWN},
         )
 

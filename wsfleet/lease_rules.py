@@ -57,6 +57,8 @@ _NAMES = {
     "#parked": schema.PARKED_REASON,
     "#parkedat": schema.PARKED_AT_MS,
     "#failing": schema.FAILING_SINCE_MS,
+    "#advat": schema.ADVANCED_AT_MS,
+    "#advgen": schema.ADVANCED_START_GEN,
 }
 
 
@@ -123,6 +125,14 @@ class Lease:
     failing_since_ms: int | None = None
     """When the upstream began failing (no message handled since), as a previous owner
     recorded it: the failing clock goes on from there instead of starting again."""
+    protocol: str | None = None
+    """The item's protocol spec as stored (None: the worker's default protocol)."""
+    auth_secret: str | None = None
+    """The item's secret reference (None: no credentials)."""
+    advanced_at_ms: int | None = None
+    """Epoch ms of the stream's last checkpoint advance under the current start, as the
+    previous holder left it (its page entry, or its release); None when unknown. From
+    here a stream that cannot resume measures its gap (docs/DESIGN.md §4.6)."""
 
 
 def lease_won(
@@ -133,8 +143,11 @@ def lease_won(
     epoch: int | None = None,
     last_seq: int | None = None,
     takeover_latency_ms: int | None = None,
+    advanced_at_ms: int | None = None,
 ) -> Lease:
-    """The lease a write created, from the item as it was before it (ALL_OLD)."""
+    """The lease a write created, from the item as it was before it (ALL_OLD).
+    ``advanced_at_ms``: the last advance a takeover found on the dead session's page
+    (otherwise the item's own, :func:`last_advance_ms`)."""
     return Lease(
         connection_id=old.connection_id,
         owner=owner,
@@ -146,7 +159,19 @@ def lease_won(
         takeover_latency_ms=takeover_latency_ms,
         seq_gen=old.seq_gen,
         failing_since_ms=old.failing_since_ms,
+        protocol=old.protocol,
+        auth_secret=old.auth_secret,
+        advanced_at_ms=last_advance_ms(old) if advanced_at_ms is None else advanced_at_ms,
     )
+
+
+def last_advance_ms(item: ConnectionItem) -> int | None:
+    """When the item's stream last advanced, as a release wrote it: only under the
+    item's current start (a stop and a start since, or a re-arm, begins afresh), and
+    only once something was handled (``last_seq`` > 0)."""
+    if item.advanced_at_ms is None or item.advanced_start_gen != item.start_gen:
+        return None
+    return item.advanced_at_ms if item.last_seq > 0 else None
 
 
 def landed(old: ConnectionItem, owner: str, session_gen: int, token: str) -> bool:
@@ -293,7 +318,12 @@ def clear_owner_update(seen: ConnectionItem, now_ms: int) -> ConditionalUpdate:
 
 
 def release_update(
-    lease: Lease, last_seq: int | None, now_ms: int, *, started: bool = True
+    lease: Lease,
+    last_seq: int | None,
+    now_ms: int,
+    *,
+    started: bool = True,
+    advanced_at_ms: int | None = None,
 ) -> ConditionalUpdate:
     """Give the connection back so others may take it at once.
 
@@ -302,6 +332,9 @@ def release_update(
     so this checkpoint), while a restart with a new URL resets ``last_seq`` and bumps
     ``seq_gen``, and an old checkpoint must not overwrite that reset. Without
     ``last_seq`` (``None``) only the ownership is given back.
+
+    ``advanced_at_ms`` (with the checkpoint only): when the checkpoint last moved,
+    written with the start the holder ran under, for the next holder's gap.
 
     ``started``: the desired state the caller expects. A STARTED connection goes into
     the ``unowned`` index (``free_shard``) in the same write; a STOPPED one does not.
@@ -324,6 +357,10 @@ def release_update(
         values |= _values(seq=last_seq, seqgen=lease.seq_gen)
         update += ", #seq = :seq"
         condition += " AND #seqgen = :seqgen"
+        if advanced_at_ms is not None:
+            names |= _names("#advat", "#advgen")
+            values |= _values(advat=advanced_at_ms, advgen=lease.start_gen)
+            update += ", #advat = :advat, #advgen = :advgen"
     return ConditionalUpdate(update, condition, names, values)
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from botocore.exceptions import ClientError
 
 from wsfleet import lease_rules, schema
-from wsfleet.checkpoint_page import CheckpointPage, resume_seq
+from wsfleet.checkpoint_page import CheckpointPage, page_advance_ms, resume_seq
 from wsfleet.item import ConnectionItem
 from wsfleet.item_io import ConditionFailedError, get_connection, item_key, update_connection
 from wsfleet.lease_rules import (
@@ -149,7 +149,12 @@ class LeaseStore:
             if old is None:  # pragma: no cover - the condition requires an existing item
                 return TakeoverStep.GONE
             return lease_rules.lease_won(
-                old, owner, session_gen, last_seq=resume, takeover_latency_ms=latency_ms
+                old,
+                owner,
+                session_gen,
+                last_seq=resume,
+                takeover_latency_ms=latency_ms,
+                advanced_at_ms=page_advance_ms(old.lease_epoch, old.seq_gen, entry),
             )
         return TakeoverStep.GONE
 
@@ -209,6 +214,14 @@ class LeaseStore:
                         item, owner, session_gen, page, now_ms, latency_ms=latency_ms
                     )
                 continue
+            advances = {
+                item.connection_id: page_advance_ms(
+                    item.lease_epoch,
+                    item.seq_gen,
+                    None if page is None else page.entries.get(item.connection_id),
+                )
+                for item in chunk
+            }
             for item in self._get_many([item.connection_id for item in chunk]):
                 if item.lease_owner == owner and item.owner_session_gen == session_gen:
                     results[item.connection_id] = lease_rules.lease_won(
@@ -218,6 +231,7 @@ class LeaseStore:
                         epoch=item.lease_epoch,
                         last_seq=resumes[item.connection_id],
                         takeover_latency_ms=latency_ms,
+                        advanced_at_ms=advances[item.connection_id],
                     )
         return results
 
@@ -233,12 +247,15 @@ class LeaseStore:
             return False
         return True
 
-    def release(self, lease: Lease, last_seq: int, now_ms: int) -> Released:
+    def release(
+        self, lease: Lease, last_seq: int, now_ms: int, *, advanced_at_ms: int | None = None
+    ) -> Released:
         """Give the connection back with the final checkpoint (kept only while
-        ``seq_gen`` is unchanged); a STARTED one goes into the unowned index in the same
-        write. Errors other than a failed condition propagate: the outcome is then
-        unknown and the caller may try again (the write is conditional on owner and
-        epoch, so a retry can never free a newer hold)."""
+        ``seq_gen`` is unchanged) and, when given, the time it last moved; a STARTED one
+        goes into the unowned index in the same write. Errors other than a failed
+        condition propagate: the outcome is then unknown and the caller may try again
+        (the write is conditional on owner and epoch, so a retry can never free a newer
+        hold)."""
         variant = ReleaseVariant(started=True, with_checkpoint=True)
         for _ in range(self._ATTEMPTS):
             update = lease_rules.release_update(
@@ -246,6 +263,7 @@ class LeaseStore:
                 last_seq if variant.with_checkpoint else None,
                 now_ms,
                 started=variant.started,
+                advanced_at_ms=advanced_at_ms,
             )
             try:
                 old = self._update(lease.connection_id, update, return_values="ALL_OLD")

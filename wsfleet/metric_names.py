@@ -28,6 +28,11 @@ HANDLER_ERRORS: Final = "HandlerErrors"
 CONNECTIONS_FAILED: Final = "ConnectionsFailed"
 CONNECTIONS_MOVED: Final = "ConnectionsMoved"
 """Connections this worker handed to another in a balance round (not at shutdown)."""
+UPSTREAM_GAP_MS: Final = "UpstreamGapMs"
+"""Values: for a stream that cannot resume, the time from the previous delivery to the
+first one after a move or a reconnect (what was sent meanwhile is lost)."""
+UPSTREAM_GAPS: Final = "UpstreamGaps"
+"""How many such gaps were measured."""
 
 COUNTERS: Final = (
     LEASES_ACQUIRED,
@@ -41,5 +46,6 @@ COUNTERS: Final = (
     HANDLER_ERRORS,
     CONNECTIONS_FAILED,
     CONNECTIONS_MOVED,
+    UPSTREAM_GAPS,
 )
 """Published every period, zeros included."""

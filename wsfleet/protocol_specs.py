@@ -67,11 +67,13 @@ class ProtocolSpec:
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def to_item(self) -> str:
-        """The stored form: compact JSON, keys sorted (two equal specs store alike)."""
+        """The stored form: compact JSON, keys sorted (two equal specs store alike).
+        Strict JSON: NaN and the infinities raise :class:`ValueError`."""
         return json.dumps(
             {"name": self.name, "options": dict(self.options)},
             separators=(",", ":"),
             sort_keys=True,
+            allow_nan=False,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -120,7 +122,13 @@ def parse_spec(raw: Any) -> ProtocolSpec:
     if not isinstance(options, dict):
         raise InvalidProtocolError("protocol options must be an object")
     spec = ProtocolSpec(name, options)
-    size = len(spec.to_item().encode())
+    try:
+        stored = spec.to_item()
+    except ValueError:
+        raise InvalidProtocolError(
+            "protocol options must be plain JSON: numbers must be finite (no NaN or Infinity)"
+        ) from None
+    size = len(stored.encode())
     if size > MAX_SPEC_BYTES:
         raise InvalidProtocolError(
             f"protocol spec is {size} bytes as JSON, more than {MAX_SPEC_BYTES}"

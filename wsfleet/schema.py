@@ -91,9 +91,9 @@ LEASE_TOKEN: Final = "lease_token"
 LAST_SEQ: Final = "last_seq"
 START_GEN: Final = "start_gen"
 SEQ_GEN: Final = "seq_gen"
-"""+1 whenever the router resets ``last_seq`` (a restart with a new URL): a final
-checkpoint is written only while it is unchanged, so it survives a restart with the
-same URL and never overwrites the reset of a new one."""
+"""+1 whenever the router resets ``last_seq`` (a restart with a new URL or a new
+protocol): a final checkpoint is written only while it is unchanged, so it survives a
+restart of the same stream and never overwrites the reset of a new one."""
 CREATED_AT_MS: Final = "created_at_ms"
 UPDATED_AT_MS: Final = "updated_at_ms"
 EXPIRES_AT: Final = "expires_at"
@@ -105,6 +105,14 @@ PROTOCOL: Final = "protocol"
 AUTH_SECRET: Final = "auth_secret"
 """S, optional: the Secrets Manager secret (name or ARN) the worker reads credentials
 from at connect time (:mod:`wsfleet.secret_refs`); never the secret's value."""
+ADVANCED_AT_MS: Final = "advanced_at_ms"
+"""N, optional: epoch ms of the last checkpoint advance, as a release left it (with the
+final checkpoint), so the next owner of a stream that cannot resume can tell how long
+nobody delivered (docs/DESIGN.md §4.6, "Gaps"). Meaningful only under the start it was
+written in: ``ADVANCED_START_GEN``."""
+ADVANCED_START_GEN: Final = "advanced_start_gen"
+"""N, optional: the ``start_gen`` the releasing holder ran under when it wrote
+``ADVANCED_AT_MS``; a start since (a stop and a start, a re-arm) makes it stale."""
 PARKED_REASON: Final = "parked_reason"
 """Set by the owner's park write (docs/DESIGN.md §3.7): why the upstream was given
 up on, short and free of secrets; removed by the router's re-arming start."""

@@ -17,6 +17,8 @@ from lambdas.router.service import (
     ConnectionService,
 )
 from lambdas.router.url_policy import UrlRefusedError
+from wsfleet.protocol_specs import InvalidProtocolError
+from wsfleet.secret_refs import InvalidSecretRefError
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +33,13 @@ def handle_event(event: dict[str, Any], service: ConnectionService) -> dict[str,
     try:
         if kind == START_CONNECTION:
             start = StartDetail.model_validate(detail)
-            started = service.start(start.connection_id, start.ws_url, start.metadata)
+            started = service.start(
+                start.connection_id,
+                start.ws_url,
+                start.metadata,
+                protocol=start.protocol.as_raw() if start.protocol is not None else None,
+                auth_secret=start.auth.secret if start.auth is not None else None,
+            )
             return {
                 "ok": True,
                 "connection_id": start.connection_id,
@@ -46,7 +54,13 @@ def handle_event(event: dict[str, Any], service: ConnectionService) -> dict[str,
         reason = "; ".join(
             f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:5]
         )
-    except (UrlRefusedError, ConnectionConflictError, ConnectionNotFoundError) as error:
+    except (
+        UrlRefusedError,
+        InvalidProtocolError,
+        InvalidSecretRefError,
+        ConnectionConflictError,
+        ConnectionNotFoundError,
+    ) as error:
         reason = f"{type(error).__name__}: {error}"
     log.error("event rejected", extra={"event_id": event_id, "detail_type": kind, "reason": reason})
     return {"ok": False, "error": reason}

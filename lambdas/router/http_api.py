@@ -39,7 +39,9 @@ from lambdas.router.service import (
 )
 from lambdas.router.url_policy import UrlRefusedError
 from wsfleet.desired_state import StartContendedError, StartOutcome
+from wsfleet.protocol_specs import InvalidProtocolError
 from wsfleet.schema import DESIRED_STATES, is_valid_connection_id
+from wsfleet.secret_refs import InvalidSecretRefError
 
 log = logging.getLogger(__name__)
 
@@ -104,16 +106,26 @@ _NOT_FOUND = _answer("no such connection", ErrorBody)
     "/connections",
     summary="Start a connection (idempotent)",
     responses={
-        201: _answer("created, or restarted from STOPPED", StartedConnection),
-        200: _answer("already STARTED with this ws_url", StartedConnection),
-        400: _REFUSED,
-        409: _answer("STARTED with another ws_url: stop it first", ErrorBody),
+        201: _answer("created, or restarted from STOPPED, or re-armed", StartedConnection),
+        200: _answer("already STARTED with this ws_url, protocol and auth", StartedConnection),
+        400: _answer(
+            "refused: invalid input, nothing written (invalid_auth: the secret reference;"
+            " invalid_protocol: the protocol spec)",
+            ErrorBody,
+        ),
+        409: _answer("STARTED with another ws_url, protocol or auth: stop it first", ErrorBody),
         413: _answer("body over 16 KB", ErrorBody),
     },
 )
 def start_connection(request: StartRequest) -> Response[str]:
     service = _service()
-    started = service.start(request.connection_id, request.ws_url, request.metadata)
+    started = service.start(
+        request.connection_id,
+        request.ws_url,
+        request.metadata,
+        protocol=request.protocol.as_raw() if request.protocol is not None else None,
+        auth_secret=request.auth.secret if request.auth is not None else None,
+    )
     status = 200 if started.outcome is StartOutcome.ALREADY_STARTED else 201
     return _json(status, {**service.view(started.item), "outcome": started.outcome.value})
 
@@ -169,7 +181,7 @@ def build_resolver() -> APIGatewayHttpResolver:
 
     @app.exception_handler(RequestValidationError)
     def invalid_request(exc: RequestValidationError) -> Response[str]:
-        return error(400, "validation_error", _describe(exc.errors()))
+        return error(400, _refusal_code(exc.errors()), _describe(exc.errors()))
 
     @app.exception_handler(_BadRequestError)
     def bad_request(exc: _BadRequestError) -> Response[str]:
@@ -182,6 +194,14 @@ def build_resolver() -> APIGatewayHttpResolver:
     @app.exception_handler(UrlRefusedError)
     def refused_url(exc: UrlRefusedError) -> Response[str]:
         return error(400, exc.code, str(exc))
+
+    @app.exception_handler(InvalidSecretRefError)
+    def refused_auth(exc: InvalidSecretRefError) -> Response[str]:
+        return error(400, INVALID_AUTH, str(exc))
+
+    @app.exception_handler(InvalidProtocolError)
+    def refused_protocol(exc: InvalidProtocolError) -> Response[str]:
+        return error(400, INVALID_PROTOCOL, str(exc))
 
     @app.exception_handler(ConnectionNotFoundError)
     def not_found(exc: ConnectionNotFoundError) -> Response[str]:
@@ -223,6 +243,23 @@ def openapi_document(version: str) -> dict[str, Any]:
     for name in _POWERTOOLS_ONLY_SCHEMAS:
         schemas.pop(name, None)
     return document
+
+
+INVALID_AUTH = "invalid_auth"
+INVALID_PROTOCOL = "invalid_protocol"
+_FIELD_CODES = {"auth": INVALID_AUTH, "protocol": INVALID_PROTOCOL}
+"""A body refused only for the shape of one of these fields gets that field's code, as
+a reference or a spec refused by its validator does."""
+
+
+def _refusal_code(errors: Any) -> str:
+    fields = set()
+    for item in list(errors):
+        where = [str(p) for p in item.get("loc", ()) if p != "body"]
+        fields.add(where[0] if where else "")
+    if len(fields) == 1:
+        return _FIELD_CODES.get(fields.pop(), "validation_error")
+    return "validation_error"
 
 
 def _describe(errors: Any) -> str:

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from wsfleet.protocol_specs import MAX_SPEC_BYTES, PROTOCOL_NAMES
 from wsfleet.schema import CONNECTION_ID_PATTERN
 
 MAX_METADATA_BYTES = 4096
@@ -83,12 +84,58 @@ def _check_number(number: int | float) -> None:
         raise ValueError("metadata numbers must lie within 1E-130 and 1E126 in magnitude")
 
 
+class AuthRef(_Strict):
+    """Credentials by reference: the worker reads the secret when it connects; the
+    connection item, the API and the logs only ever hold the reference."""
+
+    secret: str = Field(
+        description="a Secrets Manager secret name or ARN under the deployment's"
+        " ALLOWED_SECRET_PREFIX; its SecretString is a JSON object"
+        ' {"headers": {...}, "query": {...}, "<field>": "..."}'
+    )
+
+
+class ProtocolChoice(_Strict):
+    """The upstream protocol and its options. Which names and options exist, and what
+    they mean, is decided by ``wsfleet.protocol_specs`` (docs/DESIGN.md §4.6); a
+    refused spec is a 400 ``invalid_protocol`` with that module's message."""
+
+    name: str = Field(
+        description="the protocol: " + ", ".join(PROTOCOL_NAMES),
+        json_schema_extra={"enum": list(PROTOCOL_NAMES)},
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the protocol's options (json-field: sequence, payload, resume,"
+        " resume_param; any protocol: a subscribe frame with ${from_seq}, ${last_seq} and"
+        f" ${{secret:<field>}} placeholders); the whole spec is at most {MAX_SPEC_BYTES}"
+        " bytes of compact JSON",
+    )
+
+    def as_raw(self) -> dict[str, Any]:
+        """The spec as a start carries it, for ``wsfleet.protocol_specs.parse_spec``."""
+        return {"name": self.name, "options": self.options}
+
+
+_AUTH_DESCRIPTION = (
+    "credentials by reference: the secret the worker reads when it connects (headers"
+    " for the handshake, query parameters, subscribe fields); absent: none"
+)
+_PROTOCOL_DESCRIPTION = (
+    "the upstream protocol and its options; absent: the worker's default protocol"
+    " (UPSTREAM_PROTOCOL). A restart with another protocol starts the stream from the"
+    " beginning, as another URL does"
+)
+
+
 class StartRequest(_Strict):
     """``POST /connections`` body; ``connection_id`` is generated when absent."""
 
     connection_id: ConnectionId | None = None
     ws_url: Annotated[str, Field(min_length=1, max_length=2048)]
     metadata: dict[str, Any] | None = None
+    auth: AuthRef | None = Field(default=None, description=_AUTH_DESCRIPTION)
+    protocol: ProtocolChoice | None = Field(default=None, description=_PROTOCOL_DESCRIPTION)
 
     _metadata = field_validator("metadata")(_check_metadata)
 
@@ -99,6 +146,8 @@ class StartDetail(_Strict):
     connection_id: ConnectionId
     ws_url: Annotated[str, Field(min_length=1, max_length=2048)]
     metadata: dict[str, Any] | None = None
+    auth: AuthRef | None = Field(default=None, description=_AUTH_DESCRIPTION)
+    protocol: ProtocolChoice | None = Field(default=None, description=_PROTOCOL_DESCRIPTION)
 
     _metadata = field_validator("metadata")(_check_metadata)
 
@@ -174,6 +223,14 @@ class ConnectionView(BaseModel):
     updated_at: str | None
     expires_at: str | None = Field(description="when a STOPPED item is removed (TTL)")
     metadata: dict[str, Any] | None
+    auth: AuthRef | None = Field(
+        description="the secret the worker reads credentials from: the reference only,"
+        " never a value; null: no credentials"
+    )
+    protocol: ProtocolChoice | None = Field(
+        description="the upstream protocol and its options as stored; null: the"
+        " worker's default protocol (UPSTREAM_PROTOCOL)"
+    )
     parked_reason: str | None = Field(
         default=None,
         description="why the upstream was given up on; no worker runs a parked connection"

@@ -18,6 +18,8 @@ from lambdas.router.views import connection_view
 from wsfleet.desired_state import DesiredStateStore, StartOutcome, StopOutcome
 from wsfleet.item import ConnectionItem
 from wsfleet.item_io import get_connection
+from wsfleet.protocol_specs import parse_spec
+from wsfleet.secret_refs import check_secret_ref
 from wsfleet.start_messages import START, StartMessage
 
 if TYPE_CHECKING:
@@ -36,7 +38,7 @@ class ConnectionNotFoundError(LookupError):
 
 
 class ConnectionConflictError(ValueError):
-    """Started with another URL: stop it first, or use another id."""
+    """Started with another URL, protocol or auth: stop it first, or use another id."""
 
 
 def wall_clock_ms() -> int:
@@ -74,21 +76,53 @@ class ConnectionService:
         return self._wall_ms()
 
     def start(
-        self, connection_id: str | None, ws_url: str, metadata: Mapping[str, Any] | None = None
+        self,
+        connection_id: str | None,
+        ws_url: str,
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        protocol: Mapping[str, Any] | None = None,
+        auth_secret: object | None = None,
     ) -> Started:
-        """Write the desired state, then send one start hint. Raises UrlRefusedError,
+        """Validate, write the desired state, then send one start hint.
+
+        ``protocol`` is the spec as the start carries it (``{"name", "options"}``),
+        validated by :func:`wsfleet.protocol_specs.parse_spec` and stored in its
+        compact form; ``auth_secret`` the secret reference, validated by
+        :func:`wsfleet.secret_refs.check_secret_ref` against ``ALLOWED_SECRET_PREFIX``.
+        The router never reads the secret. Raises UrlRefusedError,
+        InvalidProtocolError, InvalidSecretRefError (before anything is written),
         ConnectionConflictError."""
         check_upstream_url(ws_url, self._settings.url_policy)
+        stored_protocol = parse_spec(dict(protocol)).to_item() if protocol is not None else None
+        reference = (
+            check_secret_ref(auth_secret, self._settings.secret_prefix)
+            if auth_secret is not None
+            else None
+        )
         connection_id = connection_id or self._new_id()
         result = self._store.start(
             connection_id,
             ws_url,
             self._wall_ms(),
+            protocol=stored_protocol,
+            auth_secret=reference,
             metadata=to_dynamodb_value(dict(metadata)) if metadata is not None else None,
         )
         if result.outcome is StartOutcome.CONFLICT:
+            running = result.item
+            differing = [
+                name
+                for name, differs in (
+                    ("ws_url", running is not None and running.ws_url != ws_url),
+                    ("protocol", running is not None and running.protocol != stored_protocol),
+                    ("auth", running is not None and running.auth_secret != reference),
+                )
+                if differs
+            ]
             raise ConnectionConflictError(
-                f"connection {connection_id} is running with another ws_url; stop it first"
+                f"connection {connection_id} is running with another "
+                f"{' and '.join(differing) or 'ws_url, protocol or auth'}; stop it first"
             )
         if result.outcome.sends_start_message:
             self._send_start(connection_id)

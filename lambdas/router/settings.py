@@ -8,11 +8,15 @@ from dataclasses import dataclass
 from typing import Final
 
 from lambdas.router.url_policy import UrlPolicy
+from wsfleet.secret_refs import InvalidSecretRefError, check_prefix
 
 TABLE_NAME: Final = "TABLE_NAME"
 QUEUE_URL: Final = "QUEUE_URL"
 ALLOWED_UPSTREAM_HOSTS: Final = "ALLOWED_UPSTREAM_HOSTS"
 ALLOW_INSECURE_WS: Final = "ALLOW_INSECURE_WS"
+ALLOWED_SECRET_PREFIX: Final = "ALLOWED_SECRET_PREFIX"
+"""Secret references a start may carry must name a secret under this prefix (the
+prefix the worker task role may read); unset or empty: no references are accepted."""
 
 
 class SettingsError(ValueError):
@@ -24,6 +28,8 @@ class RouterSettings:
     table_name: str
     queue_url: str
     url_policy: UrlPolicy
+    secret_prefix: str | None = None
+    """``ALLOWED_SECRET_PREFIX``; None: every ``auth`` is refused."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RouterSettings:
@@ -34,10 +40,17 @@ class RouterSettings:
         insecure = env.get(ALLOW_INSECURE_WS, "false").strip().lower()
         if insecure not in ("true", "false"):
             raise SettingsError(f"{ALLOW_INSECURE_WS} must be true or false")
+        prefix = env.get(ALLOWED_SECRET_PREFIX, "").strip() or None
+        if prefix is not None:
+            try:
+                check_prefix(prefix)
+            except InvalidSecretRefError as error:
+                raise SettingsError(f"{ALLOWED_SECRET_PREFIX}: {error}") from None
         return cls(
             table_name=env[TABLE_NAME],
             queue_url=env[QUEUE_URL],
             url_policy=UrlPolicy.from_settings(
                 env.get(ALLOWED_UPSTREAM_HOSTS, ""), allow_insecure_ws=insecure == "true"
             ),
+            secret_prefix=prefix,
         )

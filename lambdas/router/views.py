@@ -15,6 +15,7 @@ a table scan for the local live view) and passes the clock in.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -173,11 +174,30 @@ def connection_view(
         "updated_at": _iso(item.updated_at_ms),
         "expires_at": _iso(item.expires_at * 1000) if item.expires_at is not None else None,
         "metadata": _json_safe(item.extra.get(schema.METADATA)),
+        "auth": None if item.auth_secret is None else {"secret": item.auth_secret},
+        "protocol": protocol_view(item.protocol),
         "parked_reason": item.parked_reason,
         "parked_at": _iso(item.parked_at_ms),
         "failing_since": _iso(item.failing_since_ms),
         **health_fields(item, session, page, now_ms),
     }
+
+
+def protocol_view(stored: str | None) -> dict[str, Any] | None:
+    """The stored protocol spec as the API shows it, ``{"name", "options"}``; None
+    when the item has none. Shown as stored, not validated again: a spec that a newer
+    router wrote is still shown. A stored value that is not a JSON object (the router
+    never writes one) shows as null."""
+    if stored is None:
+        return None
+    try:
+        raw = json.loads(stored)
+    except ValueError:
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        return None
+    options = raw.get("options")
+    return {"name": raw["name"], "options": options if isinstance(options, dict) else {}}
 
 
 def _json_safe(value: Any) -> Any:

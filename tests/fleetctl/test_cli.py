@@ -95,6 +95,27 @@ def test_json_prints_the_api_answer(router_api: str) -> None:
     assert stopped["state"] == "STOPPED"
 
 
+def test_the_client_starts_with_auth_and_a_protocol(router_api: str) -> None:
+    client = FleetClient(router_api)
+    auth = {"secret": "websocket-fleet/feeds/acme"}
+    protocol = {
+        "name": "json-field",
+        "options": {
+            "sequence": "/sequence",
+            "resume": "subscribe",
+            "subscribe": {"op": "subscribe", "token": "${secret:token}", "from": "${from_seq}"},
+        },
+    }
+    started = client.start(FEED, connection_id="a-1", auth=auth, protocol=protocol)
+    assert (started["outcome"], started["auth"], started["protocol"]) == (
+        "created",
+        auth,
+        protocol,
+    )
+    again = client.start(FEED, connection_id="a-1", auth=auth, protocol=protocol)
+    assert again["outcome"] == "already_started"
+
+
 def test_a_generated_id(router_api: str) -> None:
     code, out, _ = run("--api", router_api, "--json", "start", FEED)
     assert code == EXIT_OK

@@ -143,6 +143,23 @@ def test_connection_details() -> None:
     ]
 
 
+def test_connection_details_show_the_credentials_reference_and_the_protocol_when_set() -> None:
+    plain = render.connection_details(view("demo-1", auth=None, protocol=None))
+    assert not [line for line in plain if line.startswith(("auth", "protocol"))]
+    lines = render.connection_details(
+        view(
+            "demo-1",
+            auth={"secret": "websocket-fleet/feeds/acme"},
+            protocol={"name": "live", "options": {}},
+        )
+    )
+    assert lines[3:6] == [
+        "ws_url         ws://127.0.0.1:8765/demo-1",
+        'auth           {"secret":"websocket-fleet/feeds/acme"}',
+        'protocol       {"name":"live","options":{}}',
+    ]
+
+
 def test_connection_details_of_a_troubled_connection() -> None:
     # Reconnects and the last error are shown when set, in place; parking at the end.
     troubled = view(

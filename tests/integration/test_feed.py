@@ -260,3 +260,66 @@ async def test_refuse_answers_the_handshake_with_that_status(feed: Feed, status:
     # The same feed without the parameter still streams.
     async with _client(feed.url("/feed-a?count=2")) as ws:
         assert await _recv_seqs(ws, 2) == [1, 2]
+
+
+# --- what real upstreams ask for: a key, a subscribe frame, their own fields, live -------
+
+
+async def test_require_key_answers_401_without_the_feeds_key() -> None:
+    server = await serve_feed("127.0.0.1", 0, default_rate=0, api_key=lambda: "k-1")
+    port = server.sockets[0].getsockname()[1]
+    feed = Feed(server=server, base_url=f"ws://127.0.0.1:{port}")
+    try:
+        for headers in (None, {"X-Demo-Key": "wrong"}):
+            with pytest.raises(InvalidStatus) as refused:
+                async with _client(feed.url("/k?require_key=1"), additional_headers=headers):
+                    pass
+            assert refused.value.response.status_code == 401
+            assert b"k-1" not in refused.value.response.body
+        async with _client(
+            feed.url("/k?require_key=1&count=2"), additional_headers={"X-Demo-Key": "k-1"}
+        ) as ws:
+            assert await _recv_seqs(ws, 2) == [1, 2]
+        async with _client(feed.url("/k?count=1")) as ws:  # streams without require_key
+            assert await _recv_seqs(ws, 1) == [1]
+    finally:
+        await _stop(feed)
+
+
+async def test_subscribe_waits_for_the_clients_frame_and_starts_where_it_says(feed: Feed) -> None:
+    async with _client(feed.url("/s?subscribe=1&count=9")) as ws:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(ws.recv(), 0.3)  # nothing before the subscribe frame
+        await ws.send(json.dumps({"op": "subscribe", "from_seq": 7}))
+        assert await _recv_seqs(ws, 3) == [7, 8, 9]
+    async with _client(feed.url("/s?subscribe=1&from_seq=4&count=5")) as ws:
+        await ws.send(json.dumps({"op": "subscribe"}))  # no from_seq: the URL's
+        assert await _recv_seqs(ws, 2) == [4, 5]
+
+
+async def test_subscribe_closes_with_1008_on_a_frame_that_is_not_an_object(feed: Feed) -> None:
+    async with _client(feed.url("/s?subscribe=1")) as ws:
+        await ws.send("[1]")
+        with pytest.raises(ConnectionClosed) as closed:
+            await asyncio.wait_for(ws.recv(), RECV_TIMEOUT_S)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == CloseCode.POLICY_VIOLATION
+    assert closed.value.rcvd.reason == "subscribe expected"
+
+
+async def test_seq_field_carries_the_number_in_another_field(feed: Feed) -> None:
+    async with _client(feed.url("/f?seq_field=meta.n&from_seq=3&count=4")) as ws:
+        first, second = await _recv_json(ws), await _recv_json(ws)
+    assert (first["meta"], second["meta"]) == ({"n": 3}, {"n": 4})
+    assert "seq" not in first
+    assert first["value"] == feed_value("f", 3)
+
+
+async def test_a_live_stream_starts_at_the_current_times_number(feed: Feed) -> None:
+    rate = 50.0
+    async with _client(feed.url(f"/l?live=1&rate={rate}&from_seq=3")) as ws:
+        now = time.time()
+        first = (await _recv_json(ws))["seq"]
+        second = (await _recv_json(ws))["seq"]
+    assert abs(first - now * rate) < rate  # within a second of the clock, not from_seq
+    assert second == first + 1

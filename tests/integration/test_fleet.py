@@ -110,8 +110,8 @@ def test_a_batch_handler_gets_every_seq_once_in_order_across_a_graceful_handoff(
     victim, theirs = busiest(fleet, procs, ids)
     victim.signal(signal.SIGTERM)
     assert victim.wait(timeout=scaled(15)) == 0
-    keep_flowing(fleet, ids)
-    assert_clean_audit(fleet)
+    fleet.keep_flowing(ids)
+    fleet.assert_clean_audit()
     records = sorted(fleet.records(), key=lambda r: r.t)
     logs = [p.log() for p in procs]
     for cid in ids:

@@ -19,9 +19,10 @@ import pytest
 from tests.support.stores import STORE_TIMING, T0, URL, eventually, won
 from tests.support.timing import scaled
 from wsfleet import schema
+from wsfleet.checkpoint_page import CheckpointPage, PageEntry
 from wsfleet.desired_state import StartOutcome, StopOutcome
 from wsfleet.item import ConnectionItem
-from wsfleet.item_io import get_connection
+from wsfleet.item_io import get_connection, item_key
 from wsfleet.lease_rules import AcquireRefusal, Lease, TakeoverStep
 from wsfleet.lease_store import LeaseStore, Released
 
@@ -323,6 +324,52 @@ def test_take_over_of_a_connection_the_dead_owner_parked_meanwhile_takes_nothing
     assert store.take_over(seen, "w2", GEN, None, T0 + 2) is TakeoverStep.GONE
     item = item_of(read, "c")
     assert (item.lease_owner, item.parked_reason) == (None, "HTTP 404")
+
+
+def test_a_takeover_knows_when_the_stream_last_moved_by_the_page(store, control, read):
+    seen = dead_owned(store, control, read)
+    page = CheckpointPage(
+        T0 + 50, {"c": PageEntry(epoch=1, seq_gen=0, seq=9, advanced_at_ms=T0 + 20)}
+    )
+    lease = won(store.take_over(seen, "w2", 3, page, T0 + 100))
+    assert (lease.last_seq, lease.advanced_at_ms) == (9, T0 + 20)
+
+
+# --- what the runner needs beyond the URL ---------------------------------------------------
+
+
+def test_the_protocol_and_the_secret_reference_reach_the_lease(store, control, ddb, table):
+    control.start("c", URL, T0)
+    ddb.update_item(
+        TableName=table,
+        Key=item_key("c"),
+        UpdateExpression="SET #p = :p, #a = :a",
+        ExpressionAttributeNames={"#p": schema.PROTOCOL, "#a": schema.AUTH_SECRET},
+        ExpressionAttributeValues={
+            ":p": {"S": '{"name":"live","options":{}}'},
+            ":a": {"S": "websocket-fleet/feed"},
+        },
+    )
+    lease = won(store.acquire("c", "w1", GEN, T0))
+    assert (lease.protocol, lease.auth_secret) == (
+        '{"name":"live","options":{}}',
+        "websocket-fleet/feed",
+    )
+
+
+def test_a_release_leaves_when_the_stream_last_moved_for_the_next_holder(store, control, raw):
+    control.start("c", URL, T0)
+    lease = won(store.acquire("c", "w1", GEN, T0))
+    assert store.release(lease, 12, T0 + 1_000, advanced_at_ms=T0 + 900).released
+    stored = raw("c")
+    assert (stored[schema.ADVANCED_AT_MS], stored[schema.ADVANCED_START_GEN]) == (T0 + 900, 1)
+    taken = won(store.acquire("c", "w2", GEN, T0 + 1_001))
+    assert taken.advanced_at_ms == T0 + 900
+    # Stopped and started again: a new start, which lost nothing of the previous one.
+    assert store.release(taken, 12, T0 + 1_500, advanced_at_ms=T0 + 1_400).released
+    control.stop("c", T0 + 2_000)
+    control.start("c", URL, T0 + 3_000)
+    assert won(store.acquire("c", "w3", GEN, T0 + 3_001)).advanced_at_ms is None
 
 
 # --- release ------------------------------------------------------------------------------

@@ -10,11 +10,18 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from local_stack.resources import ResourceError, create_connection_table, table_indexes
-from local_stack.services import free_port
+from local_stack.resources import (
+    DEMO_SECRET,
+    ResourceError,
+    create_connection_table,
+    create_demo_secret,
+    table_indexes,
+)
+from local_stack.services import free_port, local_client
 from tests.conftest import unique_name
 from tests.support.processes import run_module
 from tests.support.timing import scaled
@@ -24,11 +31,13 @@ pytestmark = pytest.mark.timeout(scaled(90))
 
 
 def run_resources(
-    args: list[str], *, dynamodb: str, sqs: str, home: Path
+    args: list[str], *, dynamodb: str, sqs: str, home: Path, secrets: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     """The command with only the endpoints set: no credentials, region, profile or
     AWS files of the machine (it must then use placeholder ones, as the worker does)."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}
+    if secrets is not None:
+        env["AWS_ENDPOINT_URL_SECRETS_MANAGER"] = secrets
     env.update(
         {
             "AWS_ENDPOINT_URL_DYNAMODB": dynamodb,
@@ -210,3 +219,77 @@ def test_missing_names_are_a_usage_error(tmp_path):
     result = run_resources(["--table", "t"], dynamodb="", sqs="", home=tmp_path)
     assert result.returncode == 2
     assert "--queue" in result.stderr
+
+
+def _demo_secret(moto_endpoint: str) -> dict[str, Any] | None:
+    client = local_client("secretsmanager", moto_endpoint)
+    try:
+        value = client.get_secret_value(SecretId=DEMO_SECRET)["SecretString"]
+    except client.exceptions.ResourceNotFoundException:
+        return None
+    finally:
+        client.close()
+    decoded: dict[str, Any] = json.loads(value)
+    return decoded
+
+
+def _forget_demo_secret(moto_endpoint: str) -> None:
+    client = local_client("secretsmanager", moto_endpoint)
+    try:
+        client.delete_secret(SecretId=DEMO_SECRET, ForceDeleteWithoutRecovery=True)
+    except client.exceptions.ResourceNotFoundException:
+        pass
+    finally:
+        client.close()
+
+
+def test_with_a_secrets_manager_endpoint_the_demo_secret_is_made_once(
+    dynamodb_endpoint, moto_endpoint, tmp_path
+):
+    _forget_demo_secret(moto_endpoint)
+    table, queue = unique_name("connections"), unique_name("starts")
+    args = ["--table", table, "--queue", queue]
+    runs = [
+        run_resources(
+            args,
+            dynamodb=dynamodb_endpoint,
+            sqs=moto_endpoint,
+            secrets=moto_endpoint,
+            home=tmp_path,
+        )
+        for _ in range(2)
+    ]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr
+    assert runs[0].stdout == runs[1].stdout  # the same one JSON line
+    assert set(json.loads(runs[0].stdout)) == {"table", "queue_url", "dlq_url"}
+    secret = _demo_secret(moto_endpoint)
+    assert secret is not None
+    (key,) = secret["headers"].values()
+    assert list(secret) == ["headers"]
+    assert list(secret["headers"]) == ["X-Demo-Key"]
+    assert len(key) >= 20
+    assert all(key not in r.stdout + r.stderr for r in runs)  # never printed
+
+
+def test_without_a_secrets_manager_endpoint_the_demo_secret_is_skipped_with_a_note(
+    dynamodb_endpoint, moto_endpoint, tmp_path
+):
+    _forget_demo_secret(moto_endpoint)
+    args = ["--table", unique_name("connections"), "--queue", unique_name("starts")]
+    result = run_resources(args, dynamodb=dynamodb_endpoint, sqs=moto_endpoint, home=tmp_path)
+    assert result.returncode == 0
+    assert "demo secret not created" in result.stderr
+    assert _demo_secret(moto_endpoint) is None
+
+
+def test_the_demo_secret_follows_the_key_it_is_given(moto_endpoint):
+    _forget_demo_secret(moto_endpoint)
+    client = local_client("secretsmanager", moto_endpoint)
+    try:
+        made = create_demo_secret(client)
+        assert create_demo_secret(client) == made  # left as it is
+        assert create_demo_secret(client, "key-2") == "key-2"
+        assert create_demo_secret(client, "key-2") == "key-2"
+    finally:
+        client.close()
+    assert _demo_secret(moto_endpoint) == {"headers": {"X-Demo-Key": "key-2"}}

@@ -493,6 +493,7 @@ def test_a_batched_takeover_takes_every_connection_once_from_the_page(
         assert lease.last_seq == n
         assert lease.ws_url == URL
         assert lease.takeover_latency_ms == 5
+        assert lease.advanced_at_ms == T0  # when its stream last moved, by the page
         item = read(cid)
         assert (item.lease_owner, item.owner_session_gen, item.lease_epoch) == ("w2", 7, 2)
         assert item.last_seq == n

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from lambdas.router.main import service
+from lambdas.router.settings import ALLOWED_SECRET_PREFIX
 from local_stack import api_server
 from local_stack.process_env import (
     Endpoints,
@@ -25,6 +26,7 @@ from local_stack.process_env import (
 from tests.support.timing import scaled
 
 LOCAL_ALLOWED_HOSTS = "127.0.0.1,localhost,*.example.com"
+LOCAL_SECRET_PREFIX = "websocket-fleet/"
 
 
 @dataclass(frozen=True)
@@ -43,10 +45,11 @@ def local_router(
     dynamodb_endpoint: str,
     sqs_endpoint: str,
     allowed_hosts: str = LOCAL_ALLOWED_HOSTS,
+    secret_prefix: str | None = LOCAL_SECRET_PREFIX,
 ) -> Iterator[str]:
     """Serve the router on a free loopback port, in this process (the handler reads its
     settings from this process's environment, set here for the test); yields its base
-    URL."""
+    URL. ``secret_prefix`` None: the router accepts no secret references."""
     for name in [name for name in os.environ if is_foreign_aws_setting(name)]:
         monkeypatch.delenv(name)
     settings = {
@@ -55,6 +58,10 @@ def local_router(
     }
     for name, value in settings.items():
         monkeypatch.setenv(name, value)
+    if secret_prefix is None:
+        monkeypatch.delenv(ALLOWED_SECRET_PREFIX, raising=False)
+    else:
+        monkeypatch.setenv(ALLOWED_SECRET_PREFIX, secret_prefix)
     service.cache_clear()
     server, thread = api_server.serve_router("127.0.0.1", 0)
     try:

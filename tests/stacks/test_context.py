@@ -7,6 +7,7 @@ from typing import Any
 
 import aws_cdk as cdk
 import pytest
+from aws_cdk.assertions import Match
 
 from stacks.settings import (
     ENVIRONMENT_KEY,
@@ -49,6 +50,7 @@ OVERRIDES = {
     "fleet:startAgeAlarmSeconds": "900",
     "fleet:upstreamConnectBurst": "0",
     "fleet:upstreamConnectsPerSecond": "12.5",
+    "fleet:allowedSecretPrefix": "ingest/feeds/",
 }
 
 
@@ -181,6 +183,38 @@ def test_connect_pacing_follows_context(overridden: Synthesized) -> None:
     assert env["UPSTREAM_CONNECTS_PER_SECOND"] == "12.5"
 
 
+def test_the_secret_prefix_reaches_the_router_and_the_task_role(overridden: Synthesized) -> None:
+    assert overridden.settings.allowed_secret_prefix == "ingest/feeds/"
+    (function,) = [
+        f["Properties"]
+        for f in of_type(overridden.resources, "AWS::Lambda::Function").values()
+        if f["Properties"].get("Handler") == "lambdas.router.main.handler"
+    ]
+    assert function["Environment"]["Variables"]["ALLOWED_SECRET_PREFIX"] == "ingest/feeds/"
+    overridden.template.has_resource_properties(
+        "AWS::IAM::Policy",
+        {
+            "PolicyDocument": {
+                "Statement": Match.array_with(
+                    [
+                        {
+                            "Action": "secretsmanager:GetSecretValue",
+                            "Effect": "Allow",
+                            "Resource": {
+                                "Fn::Join": [
+                                    "",
+                                    Match.array_with([":secret:ingest/feeds/*"]),
+                                ]
+                            },
+                        }
+                    ]
+                )
+            }
+        },
+    )
+    assert "websocket-fleet/" not in json.dumps(overridden.resources)
+
+
 def _settings(context: dict[str, Any]) -> Any:
     return settings_from_context(cdk.App(context=context).node)
 
@@ -199,6 +233,11 @@ def _settings(context: dict[str, Any]) -> Any:
         ({"fleet:leaseSeconds": "1"}, "leaseSeconds"),
         ({"fleet:leaseSeconds": "soon"}, "leaseSeconds"),
         ({"fleet:allowedUpstreamHosts": "[]"}, "allowedUpstreamHosts"),
+        ({"fleet:allowedSecretPrefix": ""}, "allowedSecretPrefix"),
+        ({"fleet:allowedSecretPrefix": "*"}, "allowedSecretPrefix"),
+        ({"fleet:allowedSecretPrefix": "feeds/*"}, "allowedSecretPrefix"),
+        ({"fleet:allowedSecretPrefix": "has space/"}, "allowedSecretPrefix"),
+        ({"fleet:allowedSecretPrefix": "[]"}, "allowedSecretPrefix"),
         ({"fleet:allowedUpstreamHosts": "wss://feed.example.com/x"}, "allowedUpstreamHosts"),
         ({"fleet:taskMemoryMiB": "300"}, "taskMemoryMiB"),
         ({"fleet:tableBilling": "FREE"}, "tableBilling"),

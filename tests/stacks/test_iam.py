@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.stacks.cfn import arn, as_list, grants, of_type, only, role_permissions
+from tests.stacks.cfn import arn, as_list, canonical, grants, of_type, only, role_permissions
 from tests.stacks.conftest import Synthesized
 from wsfleet import schema
 
@@ -28,6 +28,24 @@ def _ids(synth: Synthesized) -> dict[str, str]:
         "router_role": router["Role"]["Fn::GetAtt"][0],
         "router_logs": router["LoggingConfig"]["LogGroup"]["Ref"],
         "task_role": task["TaskRoleArn"]["Fn::GetAtt"][0],
+    }
+
+
+def secrets_under(prefix: str) -> dict:
+    """The secrets under ``prefix`` in the stack's own partition, region and account."""
+    return {
+        "Fn::Join": [
+            "",
+            [
+                "arn:",
+                {"Ref": "AWS::Partition"},
+                ":secretsmanager:",
+                {"Ref": "AWS::Region"},
+                ":",
+                {"Ref": "AWS::AccountId"},
+                f":secret:{prefix}*",
+            ],
+        ]
     }
 
 
@@ -68,6 +86,8 @@ def test_worker_task_role_has_exactly_the_session_lease_and_queue_actions(
             ],
             arn(queue),
         )
+        # upstream credentials: the secrets under the allowed prefix, read at connect time
+        | grants(["secretsmanager:GetSecretValue"], secrets_under("websocket-fleet/"))
     )
     assert role_permissions(synth.resources, ids["task_role"]) == expected
     assert "ManagedPolicyArns" not in synth.resources[ids["task_role"]]["Properties"]
@@ -110,3 +130,20 @@ def test_no_policy_in_the_stack_allows_a_wildcard_action(synth: Synthesized) -> 
     ]
     assert actions
     assert [a for a in actions if "*" in a] == []
+
+
+def test_only_the_worker_may_read_secrets_and_only_under_the_prefix(synth: Synthesized) -> None:
+    ids = _ids(synth)
+    readers = {
+        (role_id, action, resource)
+        for role_id in of_type(synth.resources, "AWS::IAM::Role")
+        for action, resource in role_permissions(synth.resources, role_id)
+        if action.startswith("secretsmanager:")
+    }
+    assert readers == {
+        (
+            ids["task_role"],
+            "secretsmanager:GetSecretValue",
+            canonical(secrets_under("websocket-fleet/")),
+        )
+    }

@@ -35,6 +35,8 @@ def test_function_runtime_handler_and_environment(synth: Synthesized) -> None:
     env = function["Environment"]["Variables"]
     assert env[router_env.ALLOWED_UPSTREAM_HOSTS] == ",".join(synth.settings.allowed_upstream_hosts)
     assert env[router_env.ALLOW_INSECURE_WS] == "false"
+    assert env[router_env.ALLOWED_SECRET_PREFIX] == "websocket-fleet/"
+    assert env[router_env.ALLOWED_SECRET_PREFIX] == synth.settings.allowed_secret_prefix
     table_id, _ = only(synth.resources, "AWS::DynamoDB::Table")
     assert env[router_env.TABLE_NAME] == {"Ref": table_id}
     assert env[router_env.QUEUE_URL]["Ref"] in synth.resources

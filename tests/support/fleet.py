@@ -4,6 +4,7 @@ plus questions about what its workers recorded."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,21 @@ from local_stack.recording import handled_seqs
 from local_stack.workers import WORKER_READY_TIMEOUT_S, WorkerProcess, wait_ready
 from tests.support.timing import scaled
 from worker import config as worker_settings
+from wsfleet import schema
 from wsfleet.item import ConnectionItem
+from wsfleet.item_io import item_key
+from wsfleet.protocol_specs import parse_spec
 from wsfleet.timing import LeaseTiming
 
-__all__ = ["LEASE_SECONDS", "TIMING", "Fleet", "WorkerProcess", "now_ms", "wait_until"]
+__all__ = [
+    "LEASE_SECONDS",
+    "TIMING",
+    "Fleet",
+    "WorkerProcess",
+    "metric_values",
+    "now_ms",
+    "wait_until",
+]
 
 LEASE_SECONDS = 2.0
 #: The scaled timings of the contract: lease 2 s, heartbeat 0.5 s, reconcile 0.5 s,
@@ -60,6 +72,32 @@ class Fleet(Deployment):
     def start_connection(self, connection_id: str, ws_url: str | None = None) -> dict[str, Any]:
         """Through the router; the stream of the same name by default."""
         return super().start_connection(connection_id, ws_url or self.feed(connection_id))
+
+    def set_upstream(
+        self,
+        connection_id: str,
+        *,
+        protocol: dict[str, Any] | None = None,
+        secret: str | None = None,
+    ) -> None:
+        """Store a protocol spec and a secret reference on a started connection's item,
+        as a start that carries ``protocol`` and ``auth`` does (before any worker may
+        take it: a worker reads them when it acquires)."""
+        names: dict[str, str] = {}
+        values: dict[str, Any] = {}
+        if protocol is not None:
+            names["#p"] = schema.PROTOCOL
+            values[":p"] = {"S": parse_spec(protocol).to_item()}
+        if secret is not None:
+            names["#a"] = schema.AUTH_SECRET
+            values[":a"] = {"S": secret}
+        self.ddb.update_item(
+            TableName=self.table,
+            Key=item_key(connection_id),
+            UpdateExpression="SET " + ", ".join(f"{n} = :{n[1:]}" for n in names),
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=values,
+        )
 
     def item(self, connection_id: str) -> ConnectionItem:
         found = super().item(connection_id)
@@ -114,3 +152,12 @@ class Fleet(Deployment):
 
     def owners(self, connection_ids: list[str]) -> dict[str, str | None]:
         return {cid: self.item(cid).lease_owner for cid in connection_ids}
+
+
+def metric_values(worker: WorkerProcess, name: str) -> list[float]:
+    """Every value of metric ``name`` in the worker's EMF lines so far."""
+    values: list[float] = []
+    for line in worker.log().splitlines():
+        if line.startswith('{"_aws"'):
+            values.extend(json.loads(line).get(name, []))
+    return values

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from worker.balancer import OFFER_ATTEMPTS, Balancer
+from worker.balancer import OFFER_ATTEMPTS, OFFER_CHUNK, Balancer
 from worker.metrics import FleetMetrics
 
 
@@ -130,3 +130,31 @@ def test_handed_over_connections_are_published_until_the_move_settles() -> None:
     clock.now += 1.0
     assert balancer.in_flight() == 0
     assert balancer.published_connections() == 4
+
+
+def test_a_large_hand_over_is_offered_in_chunks_each_after_its_own_releases() -> None:
+    owner = Owner()
+    released: list[list[str]] = []
+
+    async def hand_off(connection_ids: Sequence[str]) -> list[str]:
+        released.append(list(connection_ids))
+        return list(connection_ids)
+
+    owner.hand_off = hand_off  # type: ignore[method-assign]
+    sessions = Sessions([True] * 3)
+    metrics = FleetMetrics(
+        namespace="T", service="s", task_id="giver", active_connections=lambda: 4
+    )
+    balancer = Balancer(
+        owner,  # type: ignore[arg-type]
+        sessions,  # type: ignore[arg-type]
+        None,
+        metrics=metrics,
+        wall_ms=lambda: 1_000,
+        rng=random.Random(0),
+    )
+    ids = [f"c{n:03}" for n in range(OFFER_CHUNK * 2 + 7)]
+    assert asyncio.run(balancer._hand_to("taker#2", ids, "drain", None)) == len(ids)
+    assert [len(chunk) for chunk in released] == [OFFER_CHUNK, OFFER_CHUNK, 7]
+    assert [len(tokens) for _, _, tokens in sessions.calls] == [OFFER_CHUNK, OFFER_CHUNK, 7]
+    assert sorted(t.split()[0] for _, _, tokens in sessions.calls for t in tokens) == ids

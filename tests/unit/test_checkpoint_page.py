@@ -14,6 +14,7 @@ from wsfleet.checkpoint_page import (
     PageEntry,
     decode_entries,
     encode_entries,
+    page_advance_ms,
     page_from_dynamodb,
     page_item,
     page_put_condition,
@@ -145,6 +146,21 @@ def test_a_page_never_replaces_a_newer_one(stored, replaced):
 )
 def test_where_a_takeover_resumes(entry, resume):
     assert resume_seq(5, 2, 100, entry) == resume
+
+
+@pytest.mark.parametrize(
+    ("entry", "advanced"),
+    [
+        (None, None),
+        (PageEntry(epoch=5, seq_gen=2, seq=130, advanced_at_ms=WRITTEN - 40), WRITTEN - 40),
+        (PageEntry(epoch=5, seq_gen=2, seq=130, advanced_at_ms=None), None),
+        (PageEntry(epoch=4, seq_gen=2, seq=130, advanced_at_ms=WRITTEN - 40), None),
+        (PageEntry(epoch=5, seq_gen=1, seq=130, advanced_at_ms=WRITTEN - 40), None),
+    ],
+)
+def test_when_a_takeovers_stream_last_moved_by_the_page(entry, advanced):
+    """Only an entry of the item's hold and stream says (as for the resume point)."""
+    assert page_advance_ms(5, 2, entry) == advanced
 
 
 # --- health: rates for every entry, the rest only for the troubled ones ----------------

@@ -27,6 +27,7 @@ def test_defaults():
     assert config.service_name == "websocket-fleet"
     assert config.handler is None
     assert config.ping_interval == 1.0  # a heartbeat, and never under a second
+    assert config.secret_cache_seconds == 300
 
 
 def test_worker_ids_are_unique_per_process_by_default():
@@ -49,8 +50,10 @@ def test_overrides():
         "HEALTH_FILE": "/tmp/h",
         "UPSTREAM_FAIL_AFTER_SECONDS": "2.5",
         "CHECKPOINT_SECONDS": "7.5",
+        "SECRET_CACHE_SECONDS": "0",
     }
     config = WorkerConfig.from_env(env)
+    assert config.secret_cache_seconds == 0  # read at every connection attempt
     assert config.upstream_fail_after == 2.5
     assert config.worker_id == "w-1"
     assert (config.timing.lease, config.timing.heartbeat) == (2, 0.4)
@@ -84,6 +87,9 @@ def test_overrides():
         (BASE | {"UPSTREAM_FAIL_AFTER_SECONDS": "0"}, "UPSTREAM_FAIL_AFTER_SECONDS must be > 0"),
         (BASE | {"UPSTREAM_FAIL_AFTER_SECONDS": "-1"}, "UPSTREAM_FAIL_AFTER_SECONDS must be > 0"),
         (BASE | {"UPSTREAM_FAIL_AFTER_SECONDS": "soon"}, "UPSTREAM_FAIL_AFTER_SECONDS must be"),
+        (BASE | {"SECRET_CACHE_SECONDS": "-1"}, "SECRET_CACHE_SECONDS must be from 0 to 86400"),
+        (BASE | {"SECRET_CACHE_SECONDS": "86401"}, "SECRET_CACHE_SECONDS must be from 0"),
+        (BASE | {"SECRET_CACHE_SECONDS": "a while"}, "SECRET_CACHE_SECONDS must be a number"),
         (BASE | {"UPSTREAM_CONNECT_BURST": "-1"}, "UPSTREAM_CONNECT_BURST must be >= 0"),
         (BASE | {"UPSTREAM_CONNECT_BURST": "2.5"}, "UPSTREAM_CONNECT_BURST must be an integer"),
         (BASE | {"UPSTREAM_CONNECT_BURST": "lots"}, "UPSTREAM_CONNECT_BURST must be an integer"),

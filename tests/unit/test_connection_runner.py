@@ -68,15 +68,20 @@ class FakeStore:
     release_restarted: bool = False  # what a successful release reports as `restarted`
     parks: list[tuple[int, int, str]] = field(default_factory=list)
     failing_marks: list[int | None] = field(default_factory=list)  # None: cleared
+    advanced: list[int | None] = field(default_factory=list)
+    """The ``advanced_at_ms`` of each release that landed."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def release(self, lease: Lease, last_seq: int, now_ms: int) -> Released:
+    def release(
+        self, lease: Lease, last_seq: int, now_ms: int, *, advanced_at_ms: int | None = None
+    ) -> Released:
         with self._lock:
             self.release_attempts += 1
             self.release_attempted_at.append(time.monotonic())
             if self.release_attempts <= self.release_errors:
                 raise ConnectionError("throttled")
             self.releases.append((lease.epoch, last_seq))
+            self.advanced.append(advanced_at_ms)
         return Released(released=True, restarted=self.release_restarted, checkpointed=True)
 
     def park(self, lease: Lease, last_seq: int, reason: str, now_ms: int) -> Released:

@@ -11,6 +11,8 @@ from local_stack.feed import (
     FeedRequest,
     FeedRequestError,
     feed_value,
+    key_matches,
+    key_source,
     message,
     oversize_frame,
     parse_request,
@@ -39,6 +41,12 @@ def test_defaults_come_from_the_path_and_the_server_rate() -> None:
         ("/feed-a?mute_after=5", FeedRequest(feed="feed-a", rate=5.0, mute_after=5)),
         ("/feed-a?refuse=404", FeedRequest(feed="feed-a", rate=5.0, refuse=404)),
         ("/feed-a?refuse=503", FeedRequest(feed="feed-a", rate=5.0, refuse=503)),
+        ("/feed-a?require_key=1", FeedRequest(feed="feed-a", rate=5.0, require_key=True)),
+        ("/feed-a?require_key=0", FeedRequest(feed="feed-a", rate=5.0)),
+        ("/feed-a?subscribe=true", FeedRequest(feed="feed-a", rate=5.0, subscribe=True)),
+        ("/feed-a?seq_field=n", FeedRequest(feed="feed-a", rate=5.0, seq_field="n")),
+        ("/feed-a?seq_field=meta.n", FeedRequest(feed="feed-a", rate=5.0, seq_field="meta.n")),
+        ("/feed-a?live=1&rate=2", FeedRequest(feed="feed-a", rate=2.0, live=True)),
         (
             "/a%20b/c?from_seq=7&rate=1&count=9&gap_after=1&close_after=2",
             FeedRequest(feed="a b/c", from_seq=7, rate=1.0, count=9, gap_after=1, close_after=2),
@@ -74,6 +82,14 @@ def test_valid_queries(path: str, expected: FeedRequest) -> None:
         ("/feed-a?refuse=600", "refuse"),
         ("/feed-a?refuse=499", "refuse"),
         ("/feed-a?refuse=x", "refuse"),
+        ("/feed-a?require_key=yes", "require_key must be 1 or 0"),
+        ("/feed-a?subscribe=2", "subscribe must be 1 or 0"),
+        ("/feed-a?seq_field=", "seq_field"),
+        ("/feed-a?seq_field=1n", "seq_field"),
+        ("/feed-a?seq_field=a.b.c.d", "seq_field"),
+        ("/feed-a?seq_field=value", "seq_field"),
+        ("/feed-a?seq_field=feed.n", "seq_field"),
+        ("/feed-a?live=1&rate=0", "live needs a rate > 0"),
     ],
 )
 def test_invalid_queries(path: str, complaint: str) -> None:
@@ -110,3 +126,48 @@ def test_oversize_frame_is_exactly_two_mib() -> None:
     frame = oversize_frame()
     assert len(frame.encode()) == OVERSIZE_BYTES == 2 * 1024 * 1024
     assert "seq" not in json.loads(frame)
+
+
+@pytest.mark.parametrize(
+    ("seq_field", "expected"),
+    [
+        ("n", {"n": 7}),
+        ("meta.n", {"meta": {"n": 7}}),
+        ("a.b.c", {"a": {"b": {"c": 7}}}),
+    ],
+)
+def test_message_carries_its_number_where_seq_field_says(seq_field, expected) -> None:
+    decoded = json.loads(message("feed-a", 7, now_ms=5, seq_field=seq_field))
+    assert decoded == expected | {
+        "feed": "feed-a",
+        "sent_at_ms": 5,
+        "value": feed_value("feed-a", 7),
+    }
+    assert "seq" not in decoded
+
+
+@pytest.mark.parametrize(
+    ("given", "expected", "matches"),
+    [
+        ("k", "k", True),
+        ("k", "K", False),
+        (None, "k", False),
+        ("", "k", False),
+        ("k", None, False),  # a feed without a key admits nobody
+        (None, None, False),
+    ],
+)
+def test_key_matches(given, expected, matches) -> None:
+    assert key_matches(given, expected) is matches
+
+
+def test_a_key_file_is_read_at_every_handshake(tmp_path) -> None:
+    path = tmp_path / "key"
+    source = key_source(key_file=path)
+    assert source() is None  # not there yet
+    path.write_text("one\n")
+    assert source() == "one"
+    path.write_text("two")
+    assert source() == "two"
+    assert key_source(key="fixed")() == "fixed"
+    assert key_source()() is None

@@ -779,3 +779,54 @@ def test_fence_deadline_boundaries(now, allowed):
 def test_the_fence_deadline_follows_the_timing(lease_seconds, sent_at, deadline):
     timing = LeaseTiming.from_lease(lease_seconds)
     assert fence_deadline(sent_at, timing) == pytest.approx(deadline)
+
+
+# --- what a holder needs to run the stream: protocol, secret, last advance ----------------
+
+
+def test_lease_won_carries_the_items_protocol_and_secret_reference():
+    spec = '{"name":"live","options":{}}'
+    won = lease_won(conn(free(protocol=spec, auth_secret="websocket-fleet/a")), ME, GEN)
+    assert (won.protocol, won.auth_secret) == (spec, "websocket-fleet/a")
+    plain = lease_won(conn(free()), ME, GEN)
+    assert (plain.protocol, plain.auth_secret) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("fields", "advanced"),
+    [
+        ({"advanced_at_ms": NOW - 700, "advanced_start_gen": 1}, NOW - 700),
+        ({"advanced_at_ms": NOW - 700, "advanced_start_gen": 0}, None),  # started since
+        ({"advanced_at_ms": NOW - 700, "advanced_start_gen": 1, "last_seq": 0}, None),
+        ({"advanced_at_ms": NOW - 700}, None),
+        ({}, None),
+    ],
+    ids=["same start", "a start since", "checkpoint reset", "no start gen", "never"],
+)
+def test_the_last_advance_a_release_left_counts_only_under_the_same_start(fields, advanced):
+    assert lease_won(conn(free(**fields)), ME, GEN).advanced_at_ms == advanced
+
+
+def test_a_takeover_takes_the_last_advance_from_the_page_over_the_item():
+    item = free(advanced_at_ms=NOW - 9_000, advanced_start_gen=1)
+    assert lease_won(conn(item), ME, GEN, advanced_at_ms=NOW - 300).advanced_at_ms == NOW - 300
+    assert lease_won(conn(item), ME, GEN).advanced_at_ms == NOW - 9_000
+
+
+def test_a_release_with_its_checkpoint_leaves_when_it_last_moved_under_its_start():
+    update = release_update(lease(start_gen=5), 12, NOW, advanced_at_ms=NOW - 40)
+    assert update.update_expression.endswith(", #advat = :advat, #advgen = :advgen")
+    new = attempt(update, owned(ME, GEN, start_gen=5))
+    assert new is not None
+    assert (new["advanced_at_ms"], new["advanced_start_gen"]) == (N(NOW - 40), N(5))
+    again = attempt(acquire_update("c1", DEAD, 9, NOW + 1, "t2"), new)
+    assert lease_won(conn(new), DEAD, 9).advanced_at_ms == NOW - 40
+    assert again is not None
+
+
+def test_a_release_without_its_checkpoint_leaves_no_advance():
+    update = release_update(lease(), None, NOW, advanced_at_ms=NOW - 40)
+    assert "#advat" not in update.names
+    new = attempt(update, owned(ME, GEN))
+    assert new is not None
+    assert "advanced_at_ms" not in new

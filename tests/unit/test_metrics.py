@@ -143,3 +143,33 @@ def test_loop_lag_and_collections_are_summarised_per_period_and_reset():
     }
     metrics.flush()
     assert metrics.loop_summary() == {"lag_samples": 0, "gc0": 0, "gc1": 0, "gc2": 0}
+
+
+@pytest.mark.parametrize(("takeovers", "gaps"), [(0, 1), (0, 150), (120, 30), (5, 250)])
+def test_upstream_gaps_are_values_beside_the_takeover_latencies(takeovers, gaps):
+    metrics, out = make()
+    for ms in range(takeovers):
+        metrics.takeover_latency(1000 + ms)
+    for ms in range(gaps):
+        metrics.upstream_gap(5000 + ms)
+    assert metrics.snapshot()[m.UPSTREAM_GAPS] == gaps
+    documents = metrics.flush(timestamp_ms=now_ms())
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert lines == documents
+    assert len(lines) == max(1, -(-max(takeovers, gaps) // 99))
+    for name in [m.ACTIVE_CONNECTIONS, *m.COUNTERS]:
+        assert sum(name in doc for doc in lines) == 1, name
+    assert lines[0][m.UPSTREAM_GAPS] == [float(gaps)]
+    found = sorted(v for doc in lines for v in doc.get(m.UPSTREAM_GAP_MS, []))
+    assert found == [5000.0 + ms for ms in range(gaps)]
+    latencies = sorted(v for doc in lines for v in doc.get(m.TAKEOVER_LATENCY_MS, []))
+    assert latencies == [1000.0 + ms for ms in range(takeovers)]
+    for doc in lines:
+        assert len(doc.get(m.UPSTREAM_GAP_MS, [])) < 100
+        units = {d["Name"]: d["Unit"] for d in doc["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
+        if m.UPSTREAM_GAP_MS in doc:
+            assert units[m.UPSTREAM_GAP_MS] == "Milliseconds"
+    metrics.flush()
+    last = json.loads(out.getvalue().splitlines()[-1])
+    assert m.UPSTREAM_GAP_MS not in last
+    assert last[m.UPSTREAM_GAPS] == [0.0]

@@ -112,6 +112,9 @@ def test_valid_specs(raw, resumable):
         ({"name": "live", "options": {"subscribe": {"x": "${env:HOME}"}}}, "unknown placeholder"),
         ({"name": "live", "options": {"sequence": "/s"}}, "live options: unknown"),
         ({"name": "live", "options": {"subscribe": "x" * MAX_SPEC_BYTES}}, "more than 4096"),
+        # JSON as Python reads it admits these; stored, they would not be JSON any more
+        ({"name": "live", "options": {"subscribe": {"x": float("nan")}}}, "finite"),
+        ({"name": "json-seq", "options": {"subscribe": [float("-inf")]}}, "finite"),
     ],
 )
 def test_invalid_specs_say_why(raw, says):

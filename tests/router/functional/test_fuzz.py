@@ -117,6 +117,49 @@ METADATA = (
     | st.dictionaries(st.text(max_size=3), JSON_LEAVES, max_size=3)
 )
 
+SECRET_REFS = st.sampled_from(
+    [
+        "websocket-fleet/feeds/acme",
+        "websocket-fleet/",
+        "websocket-fleet",
+        "prod/database/root",
+        "arn:aws:secretsmanager:eu-west-1:123456789012:secret:websocket-fleet/a-AbC123",
+        "arn:aws:secretsmanager:eu-west-1:123456789012:secret:prod/a-AbC123",
+        "arn:aws:s3:::websocket-fleet/a",
+        "websocket-fleet/" + "x" * 600,
+        "",
+    ]
+) | st.text(max_size=40).map(lambda t: "websocket-fleet/" + t)
+AUTH = st.fixed_dictionaries({"secret": SECRET_REFS | JSON_VALUES}) | JSON_VALUES
+TEMPLATE_STRINGS = st.sampled_from(
+    ["${from_seq}", "${last_seq}", "${secret:token}", "${secret:}", "${env:HOME}", "${x", "plain"]
+)
+TEMPLATES = st.recursive(
+    JSON_LEAVES | TEMPLATE_STRINGS,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+OPTIONS = st.fixed_dictionaries(
+    {},
+    optional={
+        "sequence": st.sampled_from(["/seq", "/a/b", "seq", "/~2", ""]) | JSON_LEAVES,
+        "payload": st.sampled_from(["/data", "data"]) | JSON_LEAVES,
+        "resume": st.sampled_from(["query", "subscribe", "none", "always"]) | JSON_LEAVES,
+        "resume_param": st.sampled_from(["from", "from seq", "x" * 70]) | JSON_LEAVES,
+        "subscribe": TEMPLATES
+        | st.builds(lambda n: {"pad": "x" * n}, st.integers(min_value=3_900, max_value=8_000)),
+    },
+) | st.dictionaries(st.text(max_size=10), JSON_VALUES, max_size=3)
+PROTOCOLS = (
+    st.fixed_dictionaries(
+        {"name": st.sampled_from(["json-seq", "json-field", "live", "binary"]) | JSON_LEAVES},
+        optional={"options": OPTIONS | JSON_VALUES},
+    )
+    | JSON_VALUES
+)
+
 
 @st.composite
 def start_bodies(draw: st.DrawFn) -> Any:
@@ -130,6 +173,10 @@ def start_bodies(draw: st.DrawFn) -> Any:
         body["ws_url"] = draw(hostile_urls() | JSON_VALUES)
     if draw(st.booleans()):
         body["metadata"] = draw(METADATA)
+    if draw(st.integers(min_value=0, max_value=2)) == 0:
+        body["auth"] = draw(AUTH)
+    if draw(st.integers(min_value=0, max_value=2)) == 0:
+        body["protocol"] = draw(PROTOCOLS)
     if draw(st.integers(min_value=0, max_value=7)) == 0:
         body[draw(st.text(max_size=10))] = draw(JSON_VALUES)
     return body
@@ -157,6 +204,12 @@ RAW_BODIES = st.one_of(
             b'{"ws_url": "ws://127.0.0.1/", "metadata": {"a": "\\ud800"}}',
             b'{"ws_url": "ws://127.0.0.1/\\ud800"}',
             b'{"ws_url": "ws://127.0.0.1/", "ws_url": "ws://10.0.0.1/"}',
+            b'{"ws_url": "ws://127.0.0.1/", "protocol": {"name": "live", "options": {"a": NaN}}}',
+            b'{"ws_url": "ws://127.0.0.1/", "protocol": {"name": "json-seq", "options": '
+            b'{"subscribe": [Infinity]}}}',
+            b'{"ws_url": "ws://127.0.0.1/", "protocol": {"name": "live", "options": '
+            b'{"subscribe": "\\ud800"}}}',
+            b'{"ws_url": "ws://127.0.0.1/", "auth": {"secret": "websocket-fleet/\\u0000"}}',
             b"\xef\xbb\xbf{}",
         ]
     ),
@@ -279,6 +332,13 @@ def test_the_fuzz_reached_every_kind_of_answer(checker: Checker) -> None:
         "POST", "/connections", raw=b'{"connection_id": "fuzz-3", "ws_url": "ws://127.0.0.1/x"}'
     )
     assert admitted.status == 201
+    authenticated = checker.send(
+        "POST",
+        "/connections",
+        raw=b'{"connection_id": "fuzz-4", "ws_url": "ws://127.0.0.1/x", "auth": {"secret":'
+        b' "websocket-fleet/a"}, "protocol": {"name": "live"}}',
+    )
+    assert authenticated.status == 201
     assert checker.send("GET", "/connections?state=STOPPED&limit=1").status == 200
     assert checker.send("DELETE", "/connections/fuzz-3").status == 202
     assert checker.send("GET", "/connections/nobody").status == 404
@@ -300,6 +360,8 @@ EVENT_DETAILS = st.one_of(
             "connection_id": IDS | JSON_VALUES,
             "ws_url": hostile_urls() | JSON_VALUES,
             "metadata": METADATA,
+            "auth": AUTH,
+            "protocol": PROTOCOLS,
         },
     ),
 )

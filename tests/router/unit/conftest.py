@@ -33,6 +33,7 @@ from wsfleet.timing import LeaseTiming
 
 TABLE = "connections-unit"
 ALLOWED_HOSTS = "*.example.com,127.0.0.1"
+SECRET_PREFIX = "websocket-fleet/"
 TIMING = LeaseTiming.from_lease(2.0)
 
 
@@ -119,6 +120,7 @@ def router(monkeypatch: pytest.MonkeyPatch) -> Iterator[Router]:
         monkeypatch.setenv("TABLE_NAME", TABLE)
         monkeypatch.setenv("QUEUE_URL", queues.queue_url)
         monkeypatch.setenv("ALLOWED_UPSTREAM_HOSTS", ALLOWED_HOSTS)
+        monkeypatch.setenv("ALLOWED_SECRET_PREFIX", SECRET_PREFIX)
         service.cache_clear()
         try:
             yield Router(ddb, sqs, queues.queue_url)

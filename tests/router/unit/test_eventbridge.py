@@ -61,6 +61,8 @@ def test_stop_event_stops_and_a_later_start_restarts(router: Router) -> None:
     [
         ("eventbridge_start_missing_id", "connection_id"),
         ("eventbridge_start_refused_url", "UrlRefusedError"),
+        ("eventbridge_start_refused_auth", "InvalidSecretRefError"),
+        ("eventbridge_start_invalid_protocol", "InvalidProtocolError"),
         ("eventbridge_start_wrong_types", "connection_id"),
         ("eventbridge_start_unknown_field", "priority"),
         ("eventbridge_start_conflict", "ConnectionConflictError"),

@@ -61,6 +61,8 @@ VIEW_KEYS = {
     "updated_at",
     "expires_at",
     "metadata",
+    "auth",
+    "protocol",
     "parked_reason",
     "parked_at",
     "failing_since",
@@ -99,6 +101,7 @@ def test_create_answers_201_with_the_view_and_sends_one_start_message(router: Ro
     assert (body["epoch"], body["last_seq"], body["start_gen"]) == (0, 0, 1)
     assert body["expires_at"] is None
     assert body["metadata"] == {"team": "ingest", "weight": 0.5}
+    assert (body["auth"], body["protocol"]) == (None, None)
     assert router.start_messages() == [StartMessage("start", "feed-1")]
 
 
@@ -468,6 +471,8 @@ REFUSALS: list[tuple[str, int, str]] = [
     ("post_url_no_host", 400, "invalid_url"),
     ("post_url_bad_port", 400, "invalid_url"),
     ("post_url_unicode_host", 400, "invalid_url"),
+    ("post_auth_outside_prefix", 400, "invalid_auth"),
+    ("post_protocol_unknown", 400, "invalid_protocol"),
     ("post_conflict", 409, "conflict"),
     ("get_missing", 404, "not_found"),
     ("get_invalid_id", 400, "invalid_connection_id"),
@@ -498,6 +503,7 @@ def test_every_http_fixture_is_covered() -> None:
 
     covered = {name for name, _, _ in REFUSALS} | {
         "post_create",
+        "post_authenticated",
         "post_generated_id",
         "post_restart_new_url",
         "post_base64_body",

@@ -150,6 +150,52 @@ def test_wrong_types_unknown_fields_and_bad_ids_are_refused(body: dict[str, Any]
         StartRequest.model_validate(body)
 
 
+def test_auth_and_protocol_are_typed_objects() -> None:
+    request = StartRequest.model_validate(
+        {
+            "ws_url": URL,
+            "auth": {"secret": "websocket-fleet/a"},
+            "protocol": {"name": "json-seq"},
+        }
+    )
+    assert request.auth is not None
+    assert request.auth.secret == "websocket-fleet/a"
+    assert request.protocol is not None
+    assert request.protocol.as_raw() == {"name": "json-seq", "options": {}}
+    detail = StartDetail.model_validate(
+        {"connection_id": "c", "ws_url": URL, "protocol": {"name": "live", "options": {"a": 1}}}
+    )
+    assert detail.protocol is not None
+    assert detail.protocol.as_raw() == {"name": "live", "options": {"a": 1}}
+    assert detail.auth is None
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"auth": "websocket-fleet/a"},
+        {"auth": {"secret": 1}},
+        {"auth": {"secret": "websocket-fleet/a", "value": "s3cr3t"}},
+        {"protocol": {"name": "json-seq", "options": "x"}},
+        {"protocol": {"options": {}}},
+        {"protocol": {"name": "json-seq", "extra": 1}},
+    ],
+)
+def test_malformed_auth_and_protocol_objects_are_refused(fields: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        StartRequest.model_validate({"ws_url": URL} | fields)
+
+
+def test_protocol_names_and_options_are_left_to_the_shared_rules() -> None:
+    # An unknown name or option passes the model: wsfleet.protocol_specs refuses it
+    # with its own message (a 400 invalid_protocol), not pydantic.
+    request = StartRequest.model_validate(
+        {"ws_url": URL, "protocol": {"name": "binary", "options": {"x": 1}}}
+    )
+    assert request.protocol is not None
+    assert request.protocol.name == "binary"
+
+
 def test_event_details_require_the_id() -> None:
     with pytest.raises(ValidationError):
         StartDetail.model_validate({"ws_url": URL})
@@ -173,6 +219,8 @@ OWNED = ConnectionItem(
     updated_at_ms=2,
     expires_at=3,
     extra={"metadata": {"team": "x", "weights": [0.5, 2]}},
+    auth_secret="websocket-fleet/feeds/b",
+    protocol='{"name":"json-field","options":{"resume":"none","sequence":"/s"}}',
 )
 SESSION = SessionItem(worker_id="worker-1", session_gen=4, state="ALIVE", expires_at_ms=2_500)
 OWNER = OwnerRecords(

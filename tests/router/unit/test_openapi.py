@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support.timing import scaled
+from wsfleet.protocol_specs import PROTOCOL_NAMES
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = REPO_ROOT / "scripts" / "openapi.py"
@@ -61,7 +62,25 @@ def test_the_start_body_schema_is_strict(document: dict[str, Any]) -> None:
     schema = document["components"]["schemas"]["StartRequest"]
     assert schema["additionalProperties"] is False
     assert schema["required"] == ["ws_url"]
-    assert set(schema["properties"]) == {"connection_id", "ws_url", "metadata"}
+    assert set(schema["properties"]) == {"connection_id", "ws_url", "metadata", "auth", "protocol"}
+    components = document["components"]["schemas"]
+    assert components["AuthRef"]["additionalProperties"] is False
+    assert components["AuthRef"]["required"] == ["secret"]
+    assert components["ProtocolChoice"]["additionalProperties"] is False
+    assert components["ProtocolChoice"]["properties"]["name"]["enum"] == list(PROTOCOL_NAMES)
+
+
+def test_the_view_documents_auth_and_protocol(document: dict[str, Any]) -> None:
+    view = document["components"]["schemas"]["ConnectionView"]
+    assert {"auth", "protocol"} <= set(view["required"])
+    refs = {
+        name: [option.get("$ref") for option in view["properties"][name]["anyOf"]]
+        for name in ("auth", "protocol")
+    }
+    assert refs == {
+        "auth": ["#/components/schemas/AuthRef", None],
+        "protocol": ["#/components/schemas/ProtocolChoice", None],
+    }
 
 
 def test_errors_are_documented_as_error_bodies(document: dict[str, Any]) -> None:

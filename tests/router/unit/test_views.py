@@ -10,7 +10,13 @@ from typing import Any, get_args
 import pytest
 
 from lambdas.router.models import ConnectionView
-from lambdas.router.views import NO_RECORDS, STATUSES, OwnerRecords, connection_view
+from lambdas.router.views import (
+    NO_RECORDS,
+    STATUSES,
+    OwnerRecords,
+    connection_view,
+    protocol_view,
+)
 from wsfleet.checkpoint_page import CheckpointPage, PageEntry
 from wsfleet.item import ConnectionItem
 from wsfleet.session_rules import SessionItem
@@ -267,3 +273,35 @@ def test_health(item: ConnectionItem, owner: OwnerRecords, expected: tuple[Any, 
 def test_every_status_a_view_shows_is_in_the_api_schema() -> None:
     annotation = ConnectionView.model_fields["status"].annotation
     assert set(get_args(annotation)) == set(STATUSES)
+
+
+def test_auth_shows_the_reference_and_protocol_the_stored_spec() -> None:
+    item = replace(
+        ITEM,
+        auth_secret="websocket-fleet/feeds/a",
+        protocol='{"name":"json-field","options":{"resume":"none","sequence":"/s"}}',
+    )
+    view = shown(item, NO_RECORDS)
+    assert view["auth"] == {"secret": "websocket-fleet/feeds/a"}
+    assert view["protocol"] == {
+        "name": "json-field",
+        "options": {"resume": "none", "sequence": "/s"},
+    }
+    assert (shown(ITEM, NO_RECORDS)["auth"], shown(ITEM, NO_RECORDS)["protocol"]) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("stored", "expected"),
+    [
+        (None, None),
+        ('{"name":"json-seq","options":{}}', {"name": "json-seq", "options": {}}),
+        # written by a newer router: shown as stored, not validated again
+        ('{"name":"binary","options":{"x":1}}', {"name": "binary", "options": {"x": 1}}),
+        ('{"name":"live"}', {"name": "live", "options": {}}),
+        ("{", None),
+        ('"json-seq"', None),
+        ('{"options":{}}', None),
+    ],
+)
+def test_protocol_view(stored: str | None, expected: dict[str, Any] | None) -> None:
+    assert protocol_view(stored) == expected

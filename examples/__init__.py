@@ -1,0 +1,1 @@
+"""Worked examples of the fleet against upstreams shaped like real ones."""
