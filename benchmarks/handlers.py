@@ -4,6 +4,8 @@ recording handler of the chaos run and the latency benchmarks is
 
 - :func:`noop_factory`: does nothing; the worker's own ``messages_processed`` count
   (its "worker stats" log line) tells how many messages went through.
+- :func:`noop_batch_factory`: a batch handler (``handle_batch``) that does nothing; the
+  worker hands it every message already buffered for a connection in one call.
 - :func:`noop_without_gc_factory`: the same, and it turns off the cyclic garbage
   collector of the worker process when the worker loads it. A diagnostic for the
   density benchmark: it shows how much of the renew lateness is collector pauses.
@@ -12,6 +14,7 @@ recording handler of the chaos run and the latency benchmarks is
 from __future__ import annotations
 
 import gc
+from collections.abc import Sequence
 
 from worker.delivery import Delivery
 
@@ -23,9 +26,21 @@ class NoopHandler:
         return None
 
 
+class NoopBatchHandler:
+    """Handles every batch instantly."""
+
+    async def handle_batch(self, deliveries: Sequence[Delivery]) -> None:
+        return None
+
+
 def noop_factory() -> NoopHandler:
     """``HANDLER=benchmarks.handlers:noop_factory``."""
     return NoopHandler()
+
+
+def noop_batch_factory() -> NoopBatchHandler:
+    """``HANDLER=benchmarks.handlers:noop_batch_factory``."""
+    return NoopBatchHandler()
 
 
 def noop_without_gc_factory() -> NoopHandler:

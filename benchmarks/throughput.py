@@ -1,16 +1,20 @@
 """Throughput of one worker with a no-op handler, against a bare ``websockets`` client
 reading the same feed the same way, in the same run.
 
-``python -m benchmarks.throughput [--connections 8] [--window 10] [--rounds 3]``
+``python -m benchmarks.throughput [--connections 8] [--window 10] [--rounds 3]
+[--handler-mode single|batch|both]``
 
-One feed process serves every connection at ``rate=0`` (as fast as the reader reads).
-Each round runs, one after the other, the same measurement twice on fresh connections:
+Feed processes serve every connection at ``rate=0`` (as fast as the reader reads).
+Each round runs, one after the other, the same measurement on fresh connections:
 
 - the bare client (:mod:`benchmarks.bare_client`, its own process) reads ``K``
   connections; it counts messages over the window;
-- one worker (``HANDLER=benchmarks.handlers:noop_factory``, the shipped default
-  timings) owns ``K`` connections; its own ``messages_processed`` counts, logged every
-  second with "worker stats", are summed over the window.
+- one worker per handler mode (the shipped default timings) owns ``K`` connections:
+  ``single``, a no-op ``handle`` (``benchmarks.handlers:noop_factory``, one call per
+  message, the default), and ``batch``, a no-op ``handle_batch``
+  (``benchmarks.handlers:noop_batch_factory``, one call per batch of what is buffered);
+  its own ``messages_processed`` counts, logged every second with "worker stats", are
+  summed over the window.
 
 CPU of the reader and of the feed is read from ``/proc`` over the same window: a
 reader near 100% of one core while the feed has CPU to spare shows that the reader,
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -120,21 +125,34 @@ def stats_between(worker: WorkerProcess, start: float, end: float) -> tuple[int,
     return sum(n for _, n in inside[1:]), inside[-1][0] - inside[0][0]
 
 
+HANDLERS = {
+    "single": "benchmarks.handlers:noop_factory",
+    "batch": "benchmarks.handlers:noop_batch_factory",
+}
+"""The no-op handler of each handler mode."""
+
+
 def worker_round(
-    stack: LocalServers, round_no: int, connections: int, warmup: float, window: float
+    stack: LocalServers,
+    round_no: int,
+    connections: int,
+    warmup: float,
+    window: float,
+    mode: str = "single",
 ) -> dict[str, Any]:
-    """One worker owning ``connections`` rate=0 connections; its rate and CPU."""
-    deployment = stack.deployment(f"throughput{round_no}")
+    """One worker owning ``connections`` rate=0 connections, with the no-op handler
+    of ``mode``; its rate and CPU."""
+    deployment = stack.deployment(f"throughput{round_no}{mode}")
     [worker] = deployment.start_workers(
-        [f"tp{round_no}"],
+        [f"tp{round_no}{mode}"],
         {
             **ours(None).env,
-            worker_settings.HANDLER: "benchmarks.handlers:noop_factory",
+            worker_settings.HANDLER: HANDLERS[mode],
             worker_settings.METRICS_INTERVAL_SECONDS: str(STATS_INTERVAL_S),
         },
     )
     feed_pids = [feed.process.pid for feed in stack.feed_processes]
-    ids = [f"worker{round_no}-{i}" for i in range(connections)]
+    ids = [f"worker{round_no}{mode}-{i}" for i in range(connections)]
     for index, cid in enumerate(ids):
         deployment.start_connection(cid, stack.feed_url(cid, {"rate": 0}, index=index))
     wait_until(
@@ -166,8 +184,13 @@ def worker_round(
     )
 
 
+def modes(choice: str) -> list[str]:
+    return ["single", "batch"] if choice == "both" else [choice]
+
+
 def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     rounds: list[dict[str, Any]] = []
+    chosen = modes(args.handler_mode)
     with LocalServers(work_dir, feeds=args.feeds, feed_rate=0.0) as stack:
         for round_no in range(1, args.rounds + 1):
             urls = [
@@ -176,46 +199,61 @@ def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
             ]
             bare = bare_round(stack, urls, args.warmup, args.window)
             print(f"  round {round_no} bare client {bare}", flush=True)
-            worker = worker_round(stack, round_no, args.connections, args.warmup, args.window)
-            print(f"  round {round_no} worker      {worker}", flush=True)
-            rounds.append(
-                {
-                    "bare": bare,
+            entry: dict[str, Any] = {"bare": bare, "load_average": list(os.getloadavg())}
+            for mode in chosen:
+                worker = worker_round(
+                    stack, round_no, args.connections, args.warmup, args.window, mode
+                )
+                print(f"  round {round_no} worker, {mode:6} {worker}", flush=True)
+                entry[mode] = {
                     "worker": worker,
                     "ratio": round(worker["messages_per_s"] / bare["messages_per_s"], 3),
                     "cpu_cost_ratio": round(
                         bare["messages_per_cpu_s"] / worker["messages_per_cpu_s"], 3
                     ),
                 }
-            )
-    return {
+            rounds.append(entry)
+    result: dict[str, Any] = {
         "benchmark": "throughput",
         "connections": args.connections,
         "window_s": args.window,
+        "handler_modes": chosen,
         "rounds": rounds,
         "bare_messages_per_s": statistics.median(r["bare"]["messages_per_s"] for r in rounds),
-        "worker_messages_per_s": statistics.median(r["worker"]["messages_per_s"] for r in rounds),
-        "ratio_worker_over_bare": statistics.median(r["ratio"] for r in rounds),
-        "cpu_per_message_worker_over_bare": statistics.median(r["cpu_cost_ratio"] for r in rounds),
-        "machine": machine(),
     }
+    for mode in chosen:
+        result[mode] = {
+            "worker_messages_per_s": statistics.median(
+                r[mode]["worker"]["messages_per_s"] for r in rounds
+            ),
+            "ratio_worker_over_bare": statistics.median(r[mode]["ratio"] for r in rounds),
+            "cpu_per_message_worker_over_bare": statistics.median(
+                r[mode]["cpu_cost_ratio"] for r in rounds
+            ),
+        }
+    result["machine"] = machine()
+    return result
 
 
 def render(result: dict[str, Any]) -> str:
     rows = []
     for number, entry in enumerate(result["rounds"], 1):
-        for name in ("bare", "worker"):
-            r = entry[name]
+        readers = [("bare websockets client", entry["bare"], "")]
+        readers += [
+            (f"worker, no-op {mode} handler", entry[mode]["worker"], entry[mode]["ratio"])
+            for mode in result["handler_modes"]
+        ]
+        for name, r, ratio in readers:
             rows.append(
                 [
                     number,
-                    "bare websockets client" if name == "bare" else "worker, no-op handler",
+                    name,
                     r["messages_per_s"],
                     r["reader_cpu_percent"],
                     r["messages_per_cpu_s"],
                     " + ".join(f"{cpu:g}" for cpu in r["feed_cpu_percent"]),
                     r["machine_busy_percent"],
-                    entry["ratio"] if name == "worker" else "",
+                    ratio,
                 ]
             )
     headers = [
@@ -228,12 +266,15 @@ def render(result: dict[str, Any]) -> str:
         "machine busy %",
         "worker / bare",
     ]
-    return (
-        table(headers, rows)
-        + f"\nmedian throughput ratio worker / bare: {result['ratio_worker_over_bare']}"
-        + "\nmedian CPU per message, worker / bare: "
-        + f"{result['cpu_per_message_worker_over_bare']}"
-    )
+    lines = [table(headers, rows)]
+    for mode in result["handler_modes"]:
+        figures = result[mode]
+        lines.append(
+            f"{mode} handler: median throughput ratio worker / bare "
+            f"{figures['ratio_worker_over_bare']}, median CPU per message worker / bare "
+            f"{figures['cpu_per_message_worker_over_bare']}"
+        )
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,6 +287,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--feeds", type=int, default=2, help="feed processes, connections spread over them"
+    )
+    parser.add_argument(
+        "--handler-mode",
+        choices=["single", "batch", "both"],
+        default="both",
+        help="the worker's no-op handler: handle (single), handle_batch (batch), or both "
+        "measured after the same bare client in each round",
     )
     args = parser.parse_args(argv)
     try:

@@ -7,6 +7,11 @@ failed, feed``) in ``<RECORD_DIR>/deliveries-<pid>.jsonl``. Each line is one wri
 before anything else happens, so a SIGKILL right after loses no record. Calls that
 return are listed in ``<RECORD_DIR>/handled-<pid>.txt`` (``<id> <seq>`` lines).
 
+``HANDLER=local_stack.recording:batch_factory`` is the same as a batch handler
+(``handle_batch``): every delivery of a batch is recorded, with ``batch`` (the batch's
+size), in one write when the call is entered; a batch that holds the failing seq
+fails whole (its records marked failed); the delay and the gate apply per batch.
+
 Environment:
 
 - ``RECORD_DIR`` (required): where the files go, one pair per process;
@@ -25,7 +30,7 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, TextIO
@@ -99,11 +104,9 @@ class RecordingHandler:
         self._failures: Counter[str] = Counter()
 
     async def handle(self, delivery: Delivery) -> None:
-        settings = self._settings
-        failing = (
-            delivery.seq == settings.fail_seq
-            and self._failures[delivery.connection_id] < settings.fail_times
-        )
+        await self._handle([delivery], batch=False)
+
+    def _line(self, delivery: Delivery, failing: bool, batch: int | None) -> str:
         payload = delivery.payload
         record = {
             "worker": delivery.worker_id,
@@ -115,23 +118,45 @@ class RecordingHandler:
             "failed": failing,
             "feed": payload.get("feed") if isinstance(payload, dict) else None,
         }
-        self._records.write(json.dumps(record, separators=(",", ":")) + "\n")
+        if batch is not None:
+            record["batch"] = batch
+        return json.dumps(record, separators=(",", ":")) + "\n"
+
+    async def _handle(self, deliveries: Sequence[Delivery], *, batch: bool) -> None:
+        settings = self._settings
+        connection_id = deliveries[0].connection_id
+        seqs = {d.seq for d in deliveries}
+        failing = settings.fail_seq in seqs and self._failures[connection_id] < settings.fail_times
+        size = len(deliveries) if batch else None
+        self._records.write("".join(self._line(d, failing, size) for d in deliveries))
         if failing:
-            self._failures[delivery.connection_id] += 1
+            self._failures[connection_id] += 1
             if settings.fail_with_cancel:
                 raise asyncio.CancelledError  # as a pool that cancels its futures would
-            raise HandlerFailureError(f"injected failure at seq {delivery.seq}")
-        if settings.gate_file is not None and delivery.seq == settings.gate_seq:
+            raise HandlerFailureError(f"injected failure at seq {settings.fail_seq}")
+        if settings.gate_file is not None and settings.gate_seq in seqs:
             while not settings.gate_file.exists():  # noqa: ASYNC110 - a file has no event
                 await asyncio.sleep(_GATE_POLL_S)
         if settings.delay:
             await asyncio.sleep(settings.delay)
-        self._handled.write(f"{delivery.connection_id} {delivery.seq}\n")
+        self._handled.write("".join(f"{d.connection_id} {d.seq}\n" for d in deliveries))
+
+
+class BatchRecordingHandler(RecordingHandler):
+    """The recording handler as a batch handler."""
+
+    async def handle_batch(self, deliveries: Sequence[Delivery]) -> None:
+        await self._handle(deliveries, batch=True)
 
 
 def factory() -> RecordingHandler:
     """``HANDLER=local_stack.recording:factory``; needs ``RECORD_DIR``."""
     return RecordingHandler(RecordingSettings.from_env(os.environ))
+
+
+def batch_factory() -> BatchRecordingHandler:
+    """``HANDLER=local_stack.recording:batch_factory``; needs ``RECORD_DIR``."""
+    return BatchRecordingHandler(RecordingSettings.from_env(os.environ))
 
 
 # --- readers ---------------------------------------------------------------------------

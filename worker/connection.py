@@ -16,6 +16,14 @@ or partitioned worker never hands over a message after another worker may have
 reaped its session, even when no condition ever failed. Past it the connection waits
 (no handler call) until a later renew of the same session resumes it, or a reap
 ends it.
+
+The bound is one watchdog timer per connection, not a timeout scope per call: it is
+armed at the call deadline by a call that finds none armed, a renew does not touch
+it, and when it fires the state says whether to cut the call in flight, fire again
+at the moved deadline, or disarm (no call in flight). The per-message path makes no
+object but the :class:`~worker.delivery.Delivery` (and the decoded frame) and adds to
+the metrics once per call; a batch handler (``handle_batch``) gets every message
+already buffered in one call.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import asyncio
 import functools
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,9 +40,9 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
 from worker.connect_pacing import ConnectPacer
-from worker.connection_state import Call, ConnectionState, Ending, Failure, Frame
+from worker.connection_state import Call, ConnectionState, Ending, Failure, Frame, Watch
 from worker.credentials import NO_CREDENTIALS, Credentials, SecretCache, SecretError
-from worker.delivery import Delivery, Handler
+from worker.delivery import AnyHandler, Delivery, batch_call, make_delivery
 from worker.metrics import FleetMetrics
 from worker.upstream_failures import FailingClock, Verdict, describe
 from worker.upstream_health import UpstreamHealth
@@ -46,6 +54,7 @@ from worker.upstream_protocol import (
     is_resumable,
     open_frames,
     protocol_for,
+    reader,
     with_query,
 )
 from wsfleet import metric_names as m
@@ -71,13 +80,6 @@ TASK_STOP_SECONDS = 2.0
 handshake included) before it is left behind."""
 
 
-def _being_cancelled() -> bool:
-    """True when the current task has a cancellation request of its own (from
-    ``Task.cancel``), as opposed to a ``CancelledError`` a handler raised by itself."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
-
-
 @dataclass(frozen=True, slots=True)
 class Outcome:
     ending: Ending
@@ -93,7 +95,7 @@ class ConnectionSettings:
     """What every connection of a worker shares."""
 
     store: LeaseStore
-    handler: Handler
+    handler: AnyHandler
     protocol: UpstreamProtocol
     metrics: FleetMetrics
     timing: LeaseTiming
@@ -129,12 +131,17 @@ class ConnectionRunner:
         self._advanced_at: float | None = None
         """Loop time of the last checkpoint advance (for the page's "advanced at")."""
         self.health = UpstreamHealth(asyncio.get_running_loop().time(), lease.last_seq)
+        self._loop = asyncio.get_running_loop()
         self._resumed = asyncio.Event()
         """Set by a session renew that moves the deadline, or by the ending."""
-        self._ended: asyncio.Future[Ending] = asyncio.get_running_loop().create_future()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._handler_scope: asyncio.Timeout | None = None
+        self._ended: asyncio.Future[Ending] = self._loop.create_future()
+        self._call_task: asyncio.Task[Any] | None = None
+        """The task of the handler call in flight (None: no call in flight)."""
+        self._idle_waiter: asyncio.Future[None] | None = None
+        """Made only by a wait for the call in flight to end; resolved when it does."""
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._cut = False
+        """The watchdog cut the call in flight (its task has a cancel request of ours)."""
         self._closed: asyncio.Task[None] | None = None
         self.failing = FailingClock(
             fail_after_ms=round(settings.fail_after * 1000),
@@ -181,10 +188,10 @@ class ConnectionRunner:
 
     def session_renewed(self, sent_at: float) -> None:
         """The session was renewed by a write sent at ``sent_at`` (loop time): move the
-        fence deadline, extend the handler call in flight, wake a paused reader."""
-        moved = self.state.renewed(sent_at)
-        if moved is not None and self._handler_scope is not None:
-            self._handler_scope.reschedule(moved)
+        fence deadline (which extends the handler call in flight), wake a paused
+        reader."""
+        # The watchdog is not moved: it looks at the state's deadline when it fires.
+        self.state.renewed(sent_at)
         if self.state.may_handle(self._now()):
             self._resumed.set()
 
@@ -230,6 +237,9 @@ class ConnectionRunner:
             ending = self._ended.result()
             reader.cancel()
             await self._quiesce()
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+                self._watchdog = None
             released = await self._release() if ending.releases else None
             # The upstream socket may take a moment to close (its close handshake
             # waits behind frames that piled up); the release and the handoff do not
@@ -248,7 +258,7 @@ class ConnectionRunner:
     # --- ending ------------------------------------------------------------------------
 
     def _now(self) -> float:
-        return asyncio.get_running_loop().time()
+        return self._loop.time()
 
     def _end(self, ending: Ending) -> None:
         """Decide the ending (the first decision wins). No handler call starts after
@@ -263,8 +273,10 @@ class ConnectionRunner:
         ending = self.state.ending
         if ending is None or self._ended.done():
             return
-        if self._handler_scope is not None:
-            self._handler_scope.reschedule(self.state.call_deadline)
+        if self._watchdog is not None:
+            # The call deadline may have moved earlier (the drain's): re-arm at it.
+            self._watchdog.cancel()
+            self._watchdog = self._loop.call_at(self.state.call_deadline, self._watch)
         self._resumed.set()
         self._ended.set_result(ending)
 
@@ -281,19 +293,27 @@ class ConnectionRunner:
         """Wait for the handler call in flight, until the drain deadline."""
         try:
             async with asyncio.timeout_at(self.state.drain_deadline):
-                await self._idle.wait()
+                await self._call_ended()
         except TimeoutError:
             log.warning(
                 "handler call still running at the drain deadline; cutting it short",
                 extra={"connection_id": self.connection_id, "epoch": self.lease.epoch},
             )
 
+    async def _call_ended(self) -> None:
+        """Return once no handler call is in flight."""
+        if self._call_task is None:
+            return
+        if self._idle_waiter is None or self._idle_waiter.done():
+            self._idle_waiter = self._loop.create_future()
+        await asyncio.shield(self._idle_waiter)
+
     async def _quiesce(self) -> None:
         """After cancelling the reader: wait until no handler call is in flight, so
         the checkpoint is final before it is released."""
         try:
             async with asyncio.timeout(TASK_STOP_SECONDS):
-                await self._idle.wait()
+                await self._call_ended()
         except TimeoutError:
             # A handler that swallows cancellation: its call may go on, but no new
             # call can start (the connection is ending), so the release goes ahead.
@@ -434,9 +454,7 @@ class ConnectionRunner:
                     )
                     if not self._resumable:
                         self._gap_open, self._gap_from = True, self._advanced_at
-                    async for data in ws:
-                        if not await self._on_frame(ws, data):
-                            break
+                    await self._receive(ws)
             except Exception as error:
                 failure = error
                 log.warning(
@@ -589,84 +607,200 @@ class ConnectionRunner:
             )
             return False
 
-    async def _on_frame(self, ws: ClientConnection, data: str | bytes) -> bool:
-        """Act on one frame; False means: leave this upstream connection."""
-        frame = self.protocol.decode(data)
-        if isinstance(frame, Reply):
-            await ws.send(frame.data)
-            return True
-        if isinstance(frame, Unreadable):
-            log.warning(
-                "unreadable upstream frame skipped",
-                extra={"connection_id": self.connection_id, "reason": frame.reason},
-            )
-            return True
-        verdict = self.state.classify(frame.seq)
-        if verdict is Frame.DUPLICATE:
-            return True
-        if verdict is Frame.GAP:
-            if not self._resumable:
-                return await self._deliver(frame)  # nothing to resume: go on from here
-            self._left_because = "gap in upstream seqs"
-            log.warning(
-                "gap in upstream seqs; reconnecting to resume",
-                extra={
-                    "connection_id": self.connection_id,
-                    "expected": self.checkpoint + 1,
-                    "received": frame.seq,
-                },
-            )
-            return False
-        return await self._deliver(frame)
+    # --- the per-message path ----------------------------------------------------------
 
-    async def _deliver(self, message: Message) -> bool:
-        """Hand one message to the handler until it is handled (or skipped); False
-        when the connection must stop reading instead."""
+    async def _receive(self, ws: ClientConnection) -> None:
+        """Hand the upstream's messages to the handler, one call per message, until
+        this upstream connection must be left (a gap, the connection ending) or it
+        closes (a normal close ends the iteration, others raise)."""
+        s = self._s
+        handle_batch = batch_call(s.handler)
+        if handle_batch is not None:
+            await self._receive_batches(ws, handle_batch)
+            return
+        handle: Callable[[Delivery], Awaitable[None]] = s.handler.handle  # type: ignore[union-attr]
+        state = self.state
+        loop = self._loop
+        read = reader(self.protocol)
+        connection_id, epoch, worker_id = self.connection_id, self.lease.epoch, s.worker_id
+        task = asyncio.current_task()
+        assert task is not None
+        async for data in ws:
+            frame = read(data)
+            if isinstance(frame, tuple):
+                seq, payload = frame
+            elif isinstance(frame, Message):
+                seq, payload = frame.seq, frame.payload
+            else:
+                await self._not_a_message(ws, frame)
+                continue
+            if state.classify(seq) is not Frame.NEXT and not self._takes(seq):
+                if self._out_of_order(seq):
+                    continue
+                return
+            delivery = make_delivery(connection_id, epoch, seq, payload, worker_id)
+            # The common case in this coroutine: the call may start and returns.
+            call_now = state.before_call(loop.time())
+            failure = await self._call(task, handle, delivery) if call_now is Call.GO else None
+            if call_now is Call.GO and failure is None:
+                if self._handled(seq, 1):
+                    await self._clear_failing()
+            elif not await self._deliver(task, handle, delivery, seq, 1, call_now, failure):
+                return
+
+    async def _receive_batches(
+        self,
+        ws: ClientConnection,
+        handle_batch: Callable[[Sequence[Delivery]], Awaitable[None]],
+    ) -> None:
+        """As :meth:`_receive`, with a batch handler: each call gets every message
+        already buffered when the previous call returned, in seq order; a gap ends the
+        batch before it (and then this upstream connection)."""
         s = self._s
         state = self.state
-        loop = asyncio.get_running_loop()
-        delivery = Delivery(
-            self.connection_id, self.lease.epoch, message.seq, message.payload, s.worker_id
+        loop = self._loop
+        read = reader(self.protocol)
+        connection_id, epoch, worker_id = self.connection_id, self.lease.epoch, s.worker_id
+        task = asyncio.current_task()
+        assert task is not None
+        async for data in ws:
+            batch: list[Delivery] = []
+            last = state.checkpoint
+            leave = False
+            while True:
+                frame = read(data)
+                if isinstance(frame, tuple):
+                    seq, payload = frame
+                elif isinstance(frame, Message):
+                    seq, payload = frame.seq, frame.payload
+                else:
+                    await self._not_a_message(ws, frame)
+                    seq = 0
+                if not seq:
+                    pass
+                elif state.classify(seq, last) is Frame.NEXT or self._takes(seq, last):
+                    last = seq
+                    batch.append(make_delivery(connection_id, epoch, seq, payload, worker_id))
+                elif not self._out_of_order(seq, last):
+                    leave = True
+                    break
+                if not _message_buffered(ws):
+                    break
+                data = await ws.recv()  # buffered: returns at once
+            if batch:
+                # The common case in this coroutine, as in _receive.
+                call_now = state.before_call(loop.time())
+                failure = (
+                    await self._call(task, handle_batch, batch) if call_now is Call.GO else None
+                )
+                if call_now is Call.GO and failure is None:
+                    if self._handled(last, len(batch)):
+                        await self._clear_failing()
+                elif not await self._deliver(
+                    task, handle_batch, batch, last, len(batch), call_now, failure
+                ):
+                    return
+            if leave:
+                return
+
+    async def _not_a_message(self, ws: ClientConnection, frame: Reply | Unreadable) -> None:
+        """Answer an application-level ping; log and skip an unreadable frame."""
+        if isinstance(frame, Reply):
+            await ws.send(frame.data)
+            return
+        log.warning(
+            "unreadable upstream frame skipped",
+            extra={"connection_id": self.connection_id, "reason": frame.reason},
         )
-        delays = backoff_delays(initial=0.1, maximum=10.0, rng=s.rng.random)
+
+    def _takes(self, seq: int, after: int | None = None) -> bool:
+        """A message past a gap that is delivered anyway: the stream cannot resume,
+        so there is nothing to ask for again; it goes on from there (§4.6)."""
+        return not self._resumable and self.state.classify(seq, after) is Frame.GAP
+
+    def _out_of_order(self, seq: int, after: int | None = None) -> bool:
+        """A message that is not the next one (``after``: the last seq of the batch
+        being gathered): True for a duplicate (dropped); False for a gap (leave this
+        upstream connection, resume from the checkpoint)."""
+        if self.state.classify(seq, after) is not Frame.GAP:
+            return True
+        self._left_because = "gap in upstream seqs"
+        log.warning(
+            "gap in upstream seqs; reconnecting to resume",
+            extra={
+                "connection_id": self.connection_id,
+                "expected": (self.checkpoint if after is None else after) + 1,
+                "received": seq,
+            },
+        )
+        return False
+
+    async def _deliver(
+        self,
+        task: asyncio.Task[Any],
+        call: Callable[[Any], Awaitable[None]],
+        arg: Any,
+        last: int,
+        count: int,
+        call_now: Call | None = None,
+        failure: BaseException | None = None,
+    ) -> bool:
+        """Hand one message, or one batch of ``count`` messages ending at seq ``last``,
+        to the handler until it is handled (or skipped); False when the connection
+        must stop reading instead. A batch is retried, skipped or cut whole.
+
+        ``call_now``, ``failure``: a first attempt made by the caller (what
+        :meth:`ConnectionState.before_call` said and, for ``GO``, how the call
+        failed); this goes on from there."""
+        s = self._s
+        state = self.state
+        loop = self._loop
+        delays: Iterator[float] | None = None
         while True:
-            call = state.before_call(loop.time())
-            if call is Call.PAUSE:
+            if call_now is None:
+                call_now = state.before_call(loop.time())
+                failure = await self._call(task, call, arg) if call_now is Call.GO else None
+            if call_now is not Call.GO:
+                if call_now is not Call.PAUSE:
+                    return False
+                call_now = None
                 await self._paused()
                 continue
-            if call is not Call.GO:
-                return False
-            failure = await self.call_handler(delivery)
+            call_now = None
             if failure is None:
-                state.call_returned(message.seq)
-                self._advanced_at = loop.time()
-                s.metrics.count(m.MESSAGES_PROCESSED)
-                if self._gap_open:
-                    self._measure_gap()
-                if self.failing.message_handled():
+                if self._handled(last, count):
                     await self._clear_failing()
                 return True
             hit_deadline = isinstance(failure, DeadlineReachedError)
-            verdict = state.call_failed(message.seq, hit_deadline=hit_deadline)
+            verdict = state.call_failed(last, hit_deadline=hit_deadline)
+            seqs = {"seq": last} if count == 1 else {"seq": last - count + 1, "last_seq": last}
             if verdict is Failure.PAUSE:
                 log.warning(
                     "handler call cut at the session's fence deadline; waiting for a renew",
-                    extra={"connection_id": self.connection_id, "seq": message.seq},
+                    extra={"connection_id": self.connection_id, **seqs},
                 )
                 continue
-            s.metrics.count(m.HANDLER_ERRORS)
+            s.metrics.count(m.HANDLER_ERRORS, count)
             log.error(
                 "handler failed"
                 + ("; message skipped" if verdict is Failure.SKIP else "; retrying"),
-                extra={
-                    "connection_id": self.connection_id,
-                    "seq": message.seq,
-                    "error": repr(failure),
-                },
+                extra={"connection_id": self.connection_id, **seqs, "error": repr(failure)},
             )
             if verdict is Failure.SKIP:
                 return True
+            if delays is None:
+                delays = backoff_delays(initial=0.1, maximum=10.0, rng=s.rng.random)
             await asyncio.sleep(next(delays))
+
+    def _handled(self, last: int, count: int) -> bool:
+        """A call of ``count`` messages up to seq ``last`` returned: pass the
+        checkpoint over them. True when the failing mark must now be cleared."""
+        self.state.call_returned(last)
+        self._advanced_at = self._loop.time()
+        self._s.metrics.count(m.MESSAGES_PROCESSED, count)
+        if self._gap_open:
+            self._measure_gap()
+        return self.failing.message_handled()
 
     async def _paused(self) -> None:
         """Wait, handling nothing, until a session renew moves the fence deadline or
@@ -681,26 +815,66 @@ class ConnectionRunner:
         await self._resumed.wait()
 
     async def call_handler(self, delivery: Delivery) -> BaseException | None:
-        """One handler call, bounded by the call deadline (the fence deadline, or the
-        drain deadline once a graceful ending is decided; moved by session renews
-        while it runs); what it raised, if anything (:class:`DeadlineReachedError` when the
-        deadline cut it). The reader makes every call through here."""
-        self._idle.clear()
-        scope = asyncio.timeout_at(self.state.call_deadline)
+        """One call of the handler's ``handle``, as the reader makes them (see
+        :meth:`_call`)."""
+        task = asyncio.current_task()
+        assert task is not None
+        handle: Callable[[Delivery], Awaitable[None]] = self._s.handler.handle  # type: ignore[union-attr]
+        return await self._call(task, handle, delivery)
+
+    async def _call(
+        self, task: asyncio.Task[Any], call: Callable[[Any], Awaitable[None]], arg: Any
+    ) -> BaseException | None:
+        """One handler call in ``task`` (the current one), bounded by the call deadline
+        (the fence deadline, or the drain deadline once a graceful ending is decided;
+        moved by session renews while it runs); what it raised, if anything
+        (:class:`DeadlineReachedError` when the deadline cut it)."""
+        if self._watchdog is None:
+            self._watchdog = self._loop.call_at(self.state.call_deadline, self._watch)
+        self._call_task = task
         try:
-            async with scope:
-                self._handler_scope = scope
-                await self._s.handler.handle(delivery)
+            await call(arg)
         except (Exception, asyncio.CancelledError) as error:
-            if isinstance(error, asyncio.CancelledError) and _being_cancelled():
-                raise  # the runner is stopping this task, not a handler failure
-            if isinstance(error, TimeoutError) and scope.expired():
-                return DeadlineReachedError()
+            if self._cut:
+                # Our cancel request is answered here, whatever the handler did with it.
+                self._cut = False
+                if task.uncancel() == 0 and isinstance(error, asyncio.CancelledError):
+                    return DeadlineReachedError()
+            if isinstance(error, asyncio.CancelledError) and task.cancelling() > 0:
+                # A cancellation request of the task's own (the runner is stopping
+                # it), not a CancelledError the handler raised by itself.
+                raise
             return error
         finally:
-            self._handler_scope = None
-            self._idle.set()
+            self._call_task = None
+            waiter = self._idle_waiter
+            if waiter is not None:
+                self._idle_waiter = None
+                if not waiter.done():
+                    waiter.set_result(None)
+        if self._cut:  # cut, but the handler swallowed the cancellation and returned
+            self._cut = False
+            task.uncancel()
         return None
+
+    def _watch(self) -> None:
+        """The watchdog's timer fired: cut the call in flight at its deadline."""
+        self._watchdog = None
+        task = self._call_task
+        watch = self.state.watchdog(self._loop.time(), in_call=task is not None)
+        if watch is Watch.LATER:
+            self._watchdog = self._loop.call_at(self.state.call_deadline, self._watch)
+        elif watch is Watch.CUT and task is not None:
+            self._cut = True
+            task.cancel()
+
+
+def _message_buffered(ws: ClientConnection) -> bool:
+    """Whether a whole message is already buffered, so that ``recv`` returns it at
+    once: websockets keeps the data frames it received in ``recv_messages.frames``;
+    the first of a fragmented message is not final, and the batch stops before it."""
+    queue = ws.recv_messages.frames.queue
+    return bool(queue) and queue[0].fin
 
 
 class DeadlineReachedError(Exception):

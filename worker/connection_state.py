@@ -88,6 +88,22 @@ class Call(enum.Enum):
     """The session's fence deadline has passed: wait for a renew (or the end)."""
 
 
+class Watch(enum.Enum):
+    """What the connection's deadline watchdog does when its timer fires.
+
+    One watchdog per connection bounds every handler call: armed at the call
+    deadline when a call starts and no watchdog is armed, never moved by a renew (a
+    renew only moves the state's deadline), and on firing it looks again at the state.
+    """
+
+    IDLE = "idle"
+    """No call in flight: disarm; the next call arms it again."""
+    LATER = "later"
+    """The call deadline moved past now (renews landed): fire again at the new one."""
+    CUT = "cut"
+    """The call in flight has reached its deadline: cut it."""
+
+
 class Failure(enum.Enum):
     """What a failed handler call means."""
 
@@ -152,29 +168,43 @@ class ConnectionState:
 
     # --- frames and handler calls ----------------------------------------------------
 
-    def classify(self, seq: int) -> Frame:
-        if seq <= self.checkpoint:
+    def classify(self, seq: int, after: int | None = None) -> Frame:
+        """``seq`` against the checkpoint, or, while a batch is being gathered, against
+        ``after``: the last seq already taken into it (nothing of it is handled yet)."""
+        last = self.checkpoint if after is None else after
+        if seq <= last:
             return Frame.DUPLICATE
-        if seq != self.checkpoint + 1:
+        if seq != last + 1:
             return Frame.GAP
         return Frame.NEXT
 
     def before_call(self, now: float) -> Call:
         """Checked synchronously right before every handler call: after a process
         pause, buffered frames are read before any timer fires, and this stops them."""
-        if self.stopping:
+        if self.ending is not None:
             return Call.STOP
-        if not self.may_handle(now):
+        if not lease_rules.may_handle(now, self.deadline):
             return Call.PAUSE
         return Call.GO
 
+    def watchdog(self, now: float, *, in_call: bool) -> Watch:
+        """The watchdog's timer fired at ``now``: cut the call in flight once its
+        deadline (:attr:`call_deadline`, the fence or the drain deadline) is reached."""
+        if not in_call:
+            return Watch.IDLE
+        if now < self.call_deadline:
+            return Watch.LATER
+        return Watch.CUT
+
     def call_returned(self, seq: int) -> None:
-        """The checkpoint passes a message only once its handler call returned."""
+        """The checkpoint passes a message only once its handler call returned; for a
+        batch, ``seq`` is its last message's."""
         self.checkpoint = seq
 
     def call_failed(self, seq: int, *, hit_deadline: bool) -> Failure:
         """``hit_deadline``: the call was cut by its deadline (not a failure of the
-        handler's own)."""
+        handler's own). For a batch, ``seq`` is its last message's: a batch is retried
+        whole, or skipped whole."""
         if hit_deadline:
             return Failure.PAUSE
         if self.skip_failed_messages:

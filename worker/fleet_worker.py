@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from worker import health
+from worker import health, loop_watch
 from worker.acquire_result import AcquireResult
 from worker.balancer import Balancer
 from worker.capacity import Capacity
@@ -22,7 +22,7 @@ from worker.connect_pacing import ConnectPacer
 from worker.connection import ConnectionRunner, ConnectionSettings, Outcome
 from worker.connection_state import Ending
 from worker.credentials import SecretCache
-from worker.delivery import Handler
+from worker.delivery import AnyHandler
 from worker.metrics import FleetMetrics
 from worker.reconciler import Reconciler
 from worker.session import SessionEvents, SessionKeeper
@@ -72,7 +72,7 @@ class WorkerDeps:
     renewals: SessionStore
     """The session renew's own store: its own client, one short attempt per request."""
     sqs: SQSClient
-    handler: Handler
+    handler: AnyHandler
     protocol: UpstreamProtocol
     wall_ms: Callable[[], int] = wall_clock_ms
     rng: random.Random | None = None
@@ -702,6 +702,7 @@ class Worker:
             asyncio.create_task(self.reconciler.run(), name="reconciler"),
             asyncio.create_task(self._write_pages(), name="pages"),
             asyncio.create_task(self._flush_metrics(), name="metrics"),
+            asyncio.create_task(loop_watch.probe_lag(self.metrics), name="loop-lag"),
         ]
         done, _ = await asyncio.wait([stopped, *loops], return_when=asyncio.FIRST_COMPLETED)
         for task in done - {stopped}:
@@ -805,6 +806,7 @@ class Worker:
     def _flush_and_log(self) -> None:
         lateness = self.metrics.lateness_summary()
         session = self.metrics.session_summary()
+        loop_figures = self.metrics.loop_summary()
         counts = self.metrics.snapshot()
         try:
             self.metrics.flush(self._wall_ms())
@@ -820,6 +822,7 @@ class Worker:
                 "session_gen": self._session_gen,
                 "renew_lateness": lateness,
                 "session_renews": session,
+                "loop": loop_figures,
             },
         )
 

@@ -50,6 +50,8 @@ class FleetMetrics:
         self._renew_lateness: list[float] = []
         self._renew_gaps: list[float] = []
         self._renew_slacks: list[float] = []
+        self._loop_lags: list[float] = []
+        self._gc_pauses: tuple[list[float], list[float], list[float]] = ([], [], [])
 
     def count(self, name: str, value: int = 1) -> None:
         self._counts[name] += value
@@ -66,6 +68,32 @@ class FleetMetrics:
     def renew_lateness(self, seconds: float) -> None:
         """How late a renew was sent against its schedule (event loop lag)."""
         self._renew_lateness.append(max(0.0, seconds))
+
+    def loop_lag(self, seconds: float) -> None:
+        """How late a timer of the event loop fired (worker.loop_watch)."""
+        self._loop_lags.append(max(0.0, seconds))
+
+    def gc_pause(self, generation: int, seconds: float) -> None:
+        """One collection of the cyclic garbage collector and the CPU time it took."""
+        self._gc_pauses[min(generation, 2)].append(seconds)
+
+    def loop_summary(self) -> dict[str, float | int]:
+        """Event-loop lag of this period (p50, p99, max in ms) and the collector's
+        collections by generation with the longest of each, in CPU ms (logged, not
+        published)."""
+        lags = sorted(self._loop_lags)
+        summary: dict[str, float | int] = {"lag_samples": len(lags)}
+        if lags:
+            summary |= {
+                "lag_p50_ms": _pick(lags, 0.5),
+                "lag_p99_ms": _pick(lags, 0.99),
+                "lag_max_ms": _pick(lags, 1.0),
+            }
+        for generation, pauses in enumerate(self._gc_pauses):
+            summary[f"gc{generation}"] = len(pauses)
+            if pauses:
+                summary[f"gc{generation}_max_ms"] = round(1000 * max(pauses), 1)
+        return summary
 
     def session_renewed(self, gap: float | None, slack: float) -> None:
         """A session renew landed ``gap`` seconds after the previous one was sent, with
@@ -138,6 +166,8 @@ class FleetMetrics:
         self._renew_lateness = []
         self._renew_gaps = []
         self._renew_slacks = []
+        self._loop_lags = []
+        self._gc_pauses = ([], [], [])
         out = self._out or sys.stdout
         out.write("".join(json.dumps(doc, separators=(",", ":")) + "\n" for doc in documents))
         out.flush()

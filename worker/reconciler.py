@@ -26,7 +26,7 @@ import logging
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from worker.acquire_result import AcquireResult
 from worker.balancer import Balancer
@@ -49,6 +49,8 @@ T = TypeVar("T")
 MAX_FREE_PER_PASS = 1000
 PARALLEL_TAKES = 16
 UNOWNED_SHARDS_PER_PASS = 2
+OWN_PAGE = 100
+"""Entries per page of the worker's own listing (about 20 KB, 5 read units)."""
 
 
 class Owner(Protocol):
@@ -254,9 +256,7 @@ class Reconciler:
         return False
 
     async def release_strays(self) -> None:
-        entries = await self._call(
-            self._store.owned_by, self._owner.worker_id, self._owner.session_gen
-        )
+        entries = await self._own_entries()
         await self._owner.recheck_changed(entries)
         for item in entries:
             cid = item.connection_id
@@ -267,6 +267,19 @@ class Reconciler:
                 extra={"connection_id": cid, "epoch": item.lease_epoch},
             )
             await self._owner.release_stray(item)
+
+    async def _own_entries(self) -> list[ConnectionItem]:
+        """This session's ``by-owner`` entries, :data:`OWN_PAGE` at a time, one page per
+        executor call: the event loop runs between the pages."""
+        entries: list[ConnectionItem] = []
+        for key in schema.owner_keys(self._owner.worker_id, self._owner.session_gen):
+            start: dict[str, Any] | None = None
+            while True:
+                page, start = await self._call(self._store.owned_page, key, start, OWN_PAGE)
+                entries += page
+                if start is None:
+                    break
+        return entries
 
     # --- 3. free connections -------------------------------------------------------------
 

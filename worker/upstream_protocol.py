@@ -22,7 +22,7 @@ The runner calls, for every connection attempt and in this order:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeGuard, runtime_checkable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -53,6 +53,10 @@ class Unreadable:
 
 
 Frame = Message | Reply | Unreadable
+
+Read = tuple[int, Any] | Message | Reply | Unreadable
+"""What the runner takes from a protocol: :meth:`JsonSeqProtocol.read` gives a message
+as ``(seq, payload)``, a plug-in's ``decode`` as a :class:`Message`."""
 
 
 @runtime_checkable
@@ -143,18 +147,32 @@ class JsonSeqProtocol:
         return _subscribe_frames(self._subscribe, last_seq, secret)
 
     def decode(self, data: str | bytes) -> Frame:
+        frame = self.read(data)
+        return Message(*frame) if isinstance(frame, tuple) else frame
+
+    def read(self, data: str | bytes) -> tuple[int, Any] | Reply | Unreadable:
+        """:meth:`decode` with a message as ``(seq, payload)``: the runner's per-message
+        path, one object less per message."""
         try:
-            obj = _json(data)
-        except ValueError:
+            obj = json.loads(data)
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep
             return Unreadable("not JSON")
-        if not isinstance(obj, dict):
+        if type(obj) is not dict:
             return Unreadable("not a JSON object")
         if obj.get("type") == "ping":
             return Reply(json.dumps({**obj, "type": "pong"}, separators=(",", ":")))
         seq = obj.get("seq")
-        if not _is_seq(seq):
+        # JSON numbers decode to int, float or bool, never to another int subclass.
+        if type(seq) is not int or seq < 1:
             return Unreadable("no integer seq >= 1")
-        return Message(seq, obj)
+        return seq, obj
+
+
+def reader(protocol: UpstreamProtocol) -> Callable[[str | bytes], Read]:
+    """The protocol's ``read`` when it has one (the built-in protocol), else its
+    ``decode``."""
+    read = getattr(protocol, "read", None)
+    return read if callable(read) else protocol.decode
 
 
 class JsonFieldProtocol:

@@ -328,6 +328,28 @@ class LeaseStore:
                 found.append(schema.connection_id_of(str(raw[schema.PARTITION_KEY]["S"])))
         return found
 
+    def owned_page(
+        self, owner_key: str, start_key: dict[str, Any] | None, limit: int
+    ) -> tuple[list[ConnectionItem], dict[str, Any] | None]:
+        """One page of at most ``limit`` entries of one ``owner_key`` of the
+        ``by-owner`` index, from ``start_key`` (None: the first page); the entries and
+        where the next page starts (None: that was the last). Paging keeps each
+        response small: parsing a thousand entries at once holds the GIL long enough
+        to make the worker's event loop late (docs/DESIGN.md §4.2)."""
+        query: dict[str, Any] = {
+            "TableName": self._table,
+            "IndexName": schema.OWNER_INDEX_NAME,
+            "KeyConditionExpression": "#okey = :okey",
+            "ExpressionAttributeNames": {"#okey": schema.OWNER_KEY},
+            "ExpressionAttributeValues": {":okey": {"S": owner_key}},
+            "Limit": limit,
+        }
+        if start_key:
+            query["ExclusiveStartKey"] = start_key
+        page = self._client.query(**query)
+        items = [ConnectionItem.from_dynamodb(raw) for raw in page.get("Items", [])]
+        return items, page.get("LastEvaluatedKey") or None
+
     def owned_by(self, worker_id: str, session_gen: int) -> list[ConnectionItem]:
         """The connections a session owns, from the ``by-owner`` index (its projection:
         owner, session, desired state, start_gen, epoch, seq_gen, last_seq)."""

@@ -257,6 +257,30 @@ def test_owned_by_lists_a_sessions_connections_with_what_a_takeover_decides_on(s
     assert set(after) == set(ids[2:10])
 
 
+def test_owned_page_pages_through_one_owner_key_to_the_same_entries_as_owned_by(store, control):
+    ids = [f"p{n}" for n in range(40)]
+    for cid in ids:
+        control.start(cid, URL, T0)
+        won(store.acquire(cid, "w1", GEN, T0))
+
+    def paged() -> list[str]:
+        found: list[str] = []
+        for key in schema.owner_keys("w1", GEN):
+            start = None
+            while True:
+                page, start = store.owned_page(key, start, 3)
+                assert len(page) <= 3
+                found += [item.connection_id for item in page]
+                if start is None:
+                    break
+        return found
+
+    listed = eventually(paged, lambda found: sorted(found) == sorted(ids))
+    assert sorted(listed) == sorted(ids)  # every entry once, none twice
+    assert sorted(i.connection_id for i in store.owned_by("w1", GEN)) == sorted(ids)
+    assert store.owned_page(schema.owner_keys("nobody", 1)[0], None, 3) == ([], None)
+
+
 # --- takeover of a dead session's connections ---------------------------------------------
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.connection_state import Call, ConnectionState, Ending, Failure, Frame
+from worker.connection_state import Call, ConnectionState, Ending, Failure, Frame, Watch
 from wsfleet.timing import LeaseTiming
 
 # lease 2.5: heartbeat 0.6, skew 0.25, margin 0.25 -> fence after 2.0 s; drain budget 2.0 s
@@ -192,3 +192,85 @@ def test_an_abrupt_ending_keeps_the_fence_deadline_as_the_bound(ending):
     assert s.end(ending, T0 + 1)
     assert s.drain_deadline == DEADLINE + 5  # untouched
     assert s.call_deadline == DEADLINE + 5
+
+
+# --- batches ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "after", "seq", "verdict"),
+    [
+        (5, 5, 6, Frame.NEXT),  # the batch is empty so far: as against the checkpoint
+        (5, 8, 9, Frame.NEXT),  # 6..8 gathered, not yet handled
+        (5, 8, 8, Frame.DUPLICATE),  # already in the batch
+        (5, 8, 6, Frame.DUPLICATE),
+        (5, 8, 3, Frame.DUPLICATE),  # below the checkpoint as well
+        (5, 8, 10, Frame.GAP),  # the batch ends before a gap
+        (0, 0, 1, Frame.NEXT),
+    ],
+)
+def test_frames_while_a_batch_is_gathered(checkpoint, after, seq, verdict):
+    s = state(checkpoint)
+    assert s.classify(seq, after) is verdict
+    assert s.checkpoint == checkpoint  # gathering moves nothing
+
+
+@pytest.mark.parametrize(
+    ("skip", "hit_deadline", "verdict", "checkpoint"),
+    [
+        (False, False, Failure.RETRY, 5),  # retried whole: nothing of it passed
+        (True, False, Failure.SKIP, 9),  # skipped whole: past its last message
+        (False, True, Failure.PAUSE, 5),  # cut at the fence: whole again after a renew
+        (True, True, Failure.PAUSE, 5),
+    ],
+)
+def test_a_failed_batch_is_retried_skipped_or_cut_whole(skip, hit_deadline, verdict, checkpoint):
+    s = state(5, skip=skip)  # the batch is 6..9
+    assert s.call_failed(9, hit_deadline=hit_deadline) is verdict
+    assert s.checkpoint == checkpoint
+
+
+def test_a_batch_that_returned_passes_the_checkpoint_over_all_of_it():
+    s = state(5)
+    s.call_returned(9)
+    assert s.checkpoint == 9
+    assert s.classify(10) is Frame.NEXT
+
+
+@pytest.mark.parametrize(
+    ("now", "watch"),
+    [
+        (T0, Watch.LATER),  # fired early (a renew moved nothing yet): wait for the deadline
+        (DEADLINE - 0.001, Watch.LATER),
+        (DEADLINE, Watch.CUT),  # at the deadline, as no call may start there
+        (DEADLINE + 5, Watch.CUT),
+    ],
+)
+def test_the_watchdog_cuts_the_call_in_flight_at_the_deadline(now, watch):
+    s = state()
+    assert s.watchdog(now, in_call=True) is watch
+    assert s.watchdog(now, in_call=False) is Watch.IDLE  # nothing to cut: disarm
+
+
+def test_the_watchdog_follows_the_deadline_that_renews_move():
+    """Armed at the first deadline; renews land while the call runs; when the timer
+    fires it finds the new deadline and fires again then, not before."""
+    s = state()
+    s.renewed(T0 + 0.6)
+    s.renewed(T0 + 1.2)
+    assert s.watchdog(DEADLINE, in_call=True) is Watch.LATER
+    assert s.call_deadline == T0 + 1.2 + 2.0
+    assert s.watchdog(T0 + 3.2 - 0.001, in_call=True) is Watch.LATER
+    assert s.watchdog(T0 + 3.2, in_call=True) is Watch.CUT
+
+
+@pytest.mark.parametrize("ending", [Ending.SHUTDOWN, Ending.HANDED_OFF])
+def test_the_watchdog_cuts_a_drained_call_at_the_drain_deadline(ending):
+    """A graceful ending brings the call deadline forward (the budget of the drain);
+    renews after it do not stretch it."""
+    s = ConnectionState(LONG, checkpoint=5, deadline=T0 + 100)
+    s.end(ending, T0)
+    s.renewed(T0 + 10)
+    assert s.call_deadline == T0 + 30  # the drain budget
+    assert s.watchdog(T0 + 29.9, in_call=True) is Watch.LATER
+    assert s.watchdog(T0 + 30, in_call=True) is Watch.CUT

@@ -121,6 +121,30 @@ def test_sessions_reaped_is_published_among_the_counters():
     assert second[m.SESSIONS_REAPED] == [0.0]  # every period, zeros included
 
 
+def test_loop_lag_and_collections_are_summarised_per_period_and_reset():
+    metrics, _ = make()
+    assert metrics.loop_summary() == {"lag_samples": 0, "gc0": 0, "gc1": 0, "gc2": 0}
+    for ms in range(100):
+        metrics.loop_lag(ms / 1000)
+    metrics.gc_pause(0, 0.001)
+    metrics.gc_pause(2, 0.080)
+    metrics.gc_pause(2, 0.004)
+    summary = metrics.loop_summary()
+    assert summary == {
+        "lag_samples": 100,
+        "lag_p50_ms": 50.0,
+        "lag_p99_ms": 99.0,
+        "lag_max_ms": 99.0,
+        "gc0": 1,
+        "gc0_max_ms": 1.0,
+        "gc1": 0,
+        "gc2": 2,
+        "gc2_max_ms": 80.0,
+    }
+    metrics.flush()
+    assert metrics.loop_summary() == {"lag_samples": 0, "gc0": 0, "gc1": 0, "gc2": 0}
+
+
 @pytest.mark.parametrize(("takeovers", "gaps"), [(0, 1), (0, 150), (120, 30), (5, 250)])
 def test_upstream_gaps_are_values_beside_the_takeover_latencies(takeovers, gaps):
     metrics, out = make()

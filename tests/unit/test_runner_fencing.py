@@ -226,3 +226,51 @@ async def test_an_idle_connection_pauses_quietly_and_a_renew_resumes_it(feed_url
     outcome = await asyncio.wait_for(task, 3)
     assert (outcome.ending, outcome.released, outcome.last_seq) == (Ending.SHUTDOWN, True, 0)
     assert store.releases == [(EPOCH, 0)]
+
+
+async def test_the_watchdog_follows_renews_and_cuts_at_the_last_deadline(feed_url):
+    """One watchdog per connection, not moved by renews: it fires at the first
+    deadline, finds it moved, and cuts the call only at the deadline of the last
+    renew. The task that made the call carries no cancel request afterwards."""
+    cut: list[float] = []
+
+    class Endless(Recorder):
+        async def handle(self, delivery: Delivery) -> None:
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                cut.append(now())
+                raise
+
+    runner = make_runner(FakeStore(), Endless(), feed_url, deadline=now() + 0.3)
+
+    async def renew_twice() -> None:
+        for _ in range(2):
+            await asyncio.sleep(0.2)
+            runner.session_renewed(now())
+
+    renewing = asyncio.create_task(renew_twice())
+    failure = await asyncio.wait_for(runner.call_handler(Delivery("c1", EPOCH, 1, {}, "w")), 5)
+    await renewing
+    assert isinstance(failure, DeadlineReachedError)
+    assert runner.fence_deadline <= cut[0] < runner.fence_deadline + 0.2
+    task = asyncio.current_task()
+    assert task is not None
+    assert task.cancelling() == 0
+    await asyncio.sleep(0.01)  # not cancelled by a leftover request
+
+
+async def test_a_handler_that_swallows_the_cut_and_returns_has_handled_it(feed_url):
+    class Stubborn(Recorder):
+        async def handle(self, delivery: Delivery) -> None:
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                return
+
+    runner = make_runner(FakeStore(), Stubborn(), feed_url, deadline=now() + 0.2)
+    failure = await asyncio.wait_for(runner.call_handler(Delivery("c1", EPOCH, 1, {}, "w")), 3)
+    assert failure is None
+    task = asyncio.current_task()
+    assert task is not None
+    assert task.cancelling() == 0

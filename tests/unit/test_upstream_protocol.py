@@ -15,6 +15,7 @@ from worker.upstream_protocol import (
     load_protocol,
     open_frames,
     protocol_for,
+    reader,
     with_query,
 )
 from wsfleet.protocol_specs import InvalidProtocolError, parse_spec
@@ -69,6 +70,32 @@ def test_load_protocol():
         load_protocol("no_such_module_xyz:make")
     with pytest.raises(PluginError, match="not a protocol"):
         load_protocol("builtins:dict")
+
+
+@pytest.mark.parametrize(
+    "frame",
+    ['{"seq": 1, "v": 2}', b'{"seq": 7}', '{"seq": true}', "[1, 2]", '{"type": "ping"}', "x"],
+)
+def test_read_is_decode_with_a_message_as_seq_and_payload(frame):
+    """The runner's per-message path reads without making a Message."""
+    read, decoded = P.read(frame), P.decode(frame)
+    if isinstance(decoded, Message):
+        assert read == (decoded.seq, decoded.payload)
+    else:
+        assert read == decoded
+
+
+def test_the_runner_reads_a_plug_in_through_its_decode():
+    class Plain:
+        def resume_url(self, ws_url: str, last_seq: int) -> str:
+            return ws_url
+
+        def decode(self, data: str | bytes) -> Message:
+            return Message(1, data)
+
+    plain = Plain()
+    assert reader(plain)("x") == Message(1, "x")
+    assert reader(P) == P.read
 
 
 # --- the open hook and plug-ins without it --------------------------------------------------

@@ -1,0 +1,195 @@
+"""A batch handler (``handle_batch``) on one runner against a real feed on loopback
+and a fake store (see test_connection_runner): each call gets every message already
+buffered, contiguous and in seq order, each seq once; the checkpoint passes a batch
+only once its call returned; the fence bounds a batch call like a single one (none
+starts at or after the deadline, the one in flight is cut and called again whole
+after a renew); a failed batch is retried whole, or skipped whole and counted per
+message."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+
+import pytest
+
+from tests.unit import test_connection_runner as runner_support
+from tests.unit.test_connection_runner import (
+    EPOCH,
+    FakeStore,
+    make_runner,
+    new_metrics,
+    start,
+    stop_and_wait,
+    wait_for,
+)
+from worker.connection_state import Ending
+from worker.delivery import Delivery
+from wsfleet import metric_names as m
+
+pytestmark = pytest.mark.timeout(30)
+
+feed_url = runner_support.feed_url  # the same in-process feed fixture
+
+
+def now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+class BatchRecorder:
+    """Records batch calls. ``delay``: seconds each call takes (frames pile up
+    meanwhile); ``on_call``: a hook run inside that call (1-based), before it returns
+    (it may raise)."""
+
+    def __init__(
+        self,
+        delay: float = 0.0,
+        *,
+        on_call: dict[int, Callable[[], Awaitable[None]]] | None = None,
+    ) -> None:
+        self.calls: list[tuple[float, list[int]]] = []
+        self.returned: list[list[int]] = []
+        self.deliveries: list[Delivery] = []
+        self.delay = delay
+        self.on_call = dict(on_call or {})
+
+    async def handle_batch(self, deliveries: Sequence[Delivery]) -> None:
+        seqs = [d.seq for d in deliveries]
+        self.calls.append((now(), seqs))
+        self.deliveries.extend(deliveries)
+        hook = self.on_call.pop(len(self.calls), None)
+        if hook is not None:
+            await hook()
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        self.returned.append(seqs)
+
+    def handled(self) -> list[int]:
+        return [seq for batch in self.returned for seq in batch]
+
+    def batches(self) -> list[list[int]]:
+        return [seqs for _, seqs in self.calls]
+
+
+async def test_every_message_once_in_order_in_batches_of_what_is_buffered(feed_url):
+    metrics = new_metrics()
+    store = FakeStore()
+    handler = BatchRecorder(delay=0.1)  # 40 msg/s: about 4 pile up per call
+    runner = make_runner(store, handler, feed_url, metrics=metrics)  # type: ignore[arg-type]
+    task = start(runner)
+    await wait_for(lambda: len(handler.handled()) >= 30, 10)
+    outcome = await stop_and_wait(runner, task)
+    handled = handler.handled()
+    assert handled == list(range(1, len(handled) + 1))  # each seq once, in order
+    assert handler.batches() == handler.returned  # none called twice
+    assert max(len(batch) for batch in handler.returned) > 1
+    assert all(batch == list(range(batch[0], batch[-1] + 1)) for batch in handler.returned)
+    assert all(d.epoch == EPOCH and d.connection_id == "c1" for d in handler.deliveries)
+    assert all(d.payload["seq"] == d.seq for d in handler.deliveries)
+    assert outcome.last_seq == handled[-1]
+    assert store.releases == [(EPOCH, handled[-1])]
+    assert metrics.snapshot()[m.MESSAGES_PROCESSED] == len(handled)
+
+
+async def test_no_batch_call_starts_at_or_after_the_deadline_and_a_renew_resumes(feed_url):
+    store = FakeStore()
+    handler = BatchRecorder(delay=0.05)
+    runner = make_runner(store, handler, feed_url)  # type: ignore[arg-type]
+    deadline = runner.fence_deadline
+    task = start(runner, renew=False)
+    await wait_for(lambda: now() > deadline + 0.4, 3)
+    assert handler.calls, "batches flowed before the deadline"
+    assert all(t < deadline for t, _ in handler.calls)
+    assert runner.checkpoint == handler.handled()[-1]
+    resume_from = runner.checkpoint + 1
+    renewed_at = now()
+    runner.session_renewed(renewed_at)
+    handled_before = len(handler.handled())
+    await wait_for(lambda: len(handler.handled()) > handled_before + 3, 5)
+    later = [seqs for t, seqs in handler.calls if t >= renewed_at]
+    assert later[0][0] == resume_from  # what was buffered during the pause comes first
+    assert len(later[0]) > 1
+    handled = handler.handled()
+    assert handled == list(range(1, len(handled) + 1))
+    outcome = await stop_and_wait(runner, task)
+    assert (outcome.ending, outcome.released) == (Ending.SHUTDOWN, True)
+
+
+async def test_a_batch_call_in_flight_is_cut_at_the_deadline_and_called_again_whole(feed_url):
+    metrics = new_metrics()
+    store = FakeStore()
+    cut: list[float] = []
+
+    async def runs_past_the_deadline() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cut.append(now())
+            raise
+
+    handler = BatchRecorder(on_call={3: runs_past_the_deadline})
+    runner = make_runner(store, handler, feed_url, metrics=metrics)  # type: ignore[arg-type]
+    deadline = runner.fence_deadline
+    task = start(runner, renew=False)
+    await wait_for(lambda: cut, 3)
+    assert deadline <= cut[0] < deadline + 0.5
+    await asyncio.sleep(0.3)  # paused: nothing called, nothing checkpointed
+    assert len(handler.calls) == 3
+    cut_batch = handler.batches()[2]
+    assert runner.checkpoint == cut_batch[0] - 1
+    renewed_at = now()
+    runner.session_renewed(renewed_at)
+    await wait_for(lambda: len(handler.returned) >= 4, 3)
+    assert handler.batches()[3] == cut_batch  # the same batch again, whole
+    assert handler.calls[3][0] >= renewed_at
+    assert metrics.snapshot()[m.HANDLER_ERRORS] == 0  # the deadline, not the handler
+    outcome = await stop_and_wait(runner, task)
+    assert outcome.last_seq >= cut_batch[-1]
+    assert store.releases == [(EPOCH, outcome.last_seq)]
+
+
+@pytest.mark.parametrize("skip", [False, True])
+async def test_a_failed_batch_is_retried_whole_or_skipped_whole(feed_url, skip):
+    async def fails() -> None:
+        await asyncio.sleep(0.2)  # let more frames pile up behind it
+        raise ValueError("bad batch")
+
+    metrics = new_metrics()
+    store = FakeStore()
+    handler = BatchRecorder(on_call={2: fails})
+    runner = make_runner(
+        store,
+        handler,  # type: ignore[arg-type]
+        feed_url,
+        metrics=metrics,
+        skip_failed_messages=skip,
+    )
+    task = start(runner)
+    await wait_for(lambda: len(handler.returned) >= 4, 5)
+    outcome = await stop_and_wait(runner, task)
+    failed = handler.batches()[1]
+    after = handler.batches()[2]
+    counts = metrics.snapshot()
+    assert counts[m.HANDLER_ERRORS] == len(failed)  # counted per message
+    if skip:
+        assert after[0] == failed[-1] + 1  # past the whole batch
+        assert set(failed).isdisjoint(handler.handled())
+    else:
+        assert after == failed  # the same batch again, whole
+        handled = handler.handled()
+        assert handled == list(range(1, len(handled) + 1))
+    assert outcome.last_seq == handler.returned[-1][-1]
+    assert counts[m.MESSAGES_PROCESSED] == len(handler.handled())
+
+
+async def test_a_graceful_stop_drains_the_batch_in_flight(feed_url):
+    store = FakeStore()
+    handler = BatchRecorder(delay=0.3)
+    runner = make_runner(store, handler, feed_url)  # type: ignore[arg-type]
+    task = start(runner)
+    await wait_for(lambda: len(handler.calls) >= 2, 5)  # the second call is in flight
+    runner.stop()
+    outcome = await asyncio.wait_for(task, 3)
+    assert handler.returned == handler.batches()  # none cut short
+    assert outcome.last_seq == handler.returned[-1][-1]
+    assert store.releases == [(EPOCH, outcome.last_seq)]
