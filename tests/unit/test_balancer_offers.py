@@ -47,19 +47,25 @@ class Sessions:
         return bool(answer)
 
 
-def hand_to(answers: list[Any]) -> tuple[int, Owner, Sessions]:
-    owner, sessions = Owner(), Sessions(answers)
+def balancer_of(owner: Owner, sessions: Sessions, **options: Any) -> Balancer:
+    """A giver's balancer with balancing off (only hand-overs are driven here)."""
     metrics = FleetMetrics(
         namespace="T", service="s", task_id="giver", active_connections=lambda: 4
     )
-    balancer = Balancer(
+    return Balancer(
         owner,  # type: ignore[arg-type]
         sessions,  # type: ignore[arg-type]
         None,
         metrics=metrics,
         wall_ms=lambda: 1_000,
         rng=random.Random(0),
+        **options,
     )
+
+
+def hand_to(answers: list[Any]) -> tuple[int, Owner, Sessions]:
+    owner, sessions = Owner(), Sessions(answers)
+    balancer = balancer_of(owner, sessions)
     moved = asyncio.run(balancer._hand_to("taker#2", ["c1", "c2"], "offer", None))
     return moved, owner, sessions
 
@@ -98,20 +104,7 @@ class Clock:
 
 def settling_balancer(clock: Clock) -> tuple[Balancer, Owner]:
     owner = Owner()
-    metrics = FleetMetrics(
-        namespace="T", service="s", task_id="giver", active_connections=lambda: 4
-    )
-    balancer = Balancer(
-        owner,  # type: ignore[arg-type]
-        Sessions([True, True]),  # type: ignore[arg-type]
-        None,
-        metrics=metrics,
-        wall_ms=lambda: 1_000,
-        rng=random.Random(0),
-        settle=2.0,
-        monotonic=clock,
-    )
-    return balancer, owner
+    return balancer_of(owner, Sessions([True, True]), settle=2.0, monotonic=clock), owner
 
 
 def test_handed_over_connections_are_published_until_the_move_settles() -> None:
@@ -142,17 +135,7 @@ def test_a_large_hand_over_is_offered_in_chunks_each_after_its_own_releases() ->
 
     owner.hand_off = hand_off  # type: ignore[method-assign]
     sessions = Sessions([True] * 3)
-    metrics = FleetMetrics(
-        namespace="T", service="s", task_id="giver", active_connections=lambda: 4
-    )
-    balancer = Balancer(
-        owner,  # type: ignore[arg-type]
-        sessions,  # type: ignore[arg-type]
-        None,
-        metrics=metrics,
-        wall_ms=lambda: 1_000,
-        rng=random.Random(0),
-    )
+    balancer = balancer_of(owner, sessions)
     ids = [f"c{n:03}" for n in range(OFFER_CHUNK * 2 + 7)]
     assert asyncio.run(balancer._hand_to("taker#2", ids, "drain", None)) == len(ids)
     assert [len(chunk) for chunk in released] == [OFFER_CHUNK, OFFER_CHUNK, 7]
