@@ -45,6 +45,8 @@ exit status: 0 done, 1 the API refused or failed, 2 usage or missing credentials
 
 examples:
   python -m fleetctl start ws://127.0.0.1:8765/demo --id demo-1
+  python -m fleetctl start wss://feed.example.com/v1 --auth-secret websocket-fleet/acme \
+      --protocol '{"name": "json-field", "options": {"sequence": "/seq"}}'
   python -m fleetctl list --state STARTED --all
   python -m fleetctl --json get demo-1
   python -m fleetctl watch --interval 0.5
@@ -127,6 +129,17 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("ws_url", metavar="URL", help="upstream WebSocket URL")
     start.add_argument("--id", dest="connection_id", help="connection id (default: generated)")
     start.add_argument("--metadata", type=_json_object, help="a JSON object stored with it")
+    start.add_argument(
+        "--auth-secret",
+        metavar="NAME_OR_ARN",
+        help="credentials by reference: a Secrets Manager secret under the deployment's "
+        "ALLOWED_SECRET_PREFIX (sent as auth.secret)",
+    )
+    start.add_argument(
+        "--protocol",
+        type=_json_object,
+        help='the upstream protocol, a JSON object: {"name": ..., "options": {...}}',
+    )
 
     for name, text in (("stop", "stop a connection (idempotent)"), ("get", "show a connection")):
         command(name, text).add_argument("connection_id", metavar="ID")
@@ -184,7 +197,13 @@ def _signer(args: argparse.Namespace, api_url: str) -> Signer | None:
 
 def run(client: FleetClient, args: argparse.Namespace) -> dict[str, Any]:
     if args.command == "start":
-        return client.start(args.ws_url, connection_id=args.connection_id, metadata=args.metadata)
+        return client.start(
+            args.ws_url,
+            connection_id=args.connection_id,
+            metadata=args.metadata,
+            auth=None if args.auth_secret is None else {"secret": args.auth_secret},
+            protocol=args.protocol,
+        )
     if args.command == "stop":
         return client.stop(args.connection_id)
     if args.command == "get":

@@ -116,6 +116,34 @@ def test_the_client_starts_with_auth_and_a_protocol(router_api: str) -> None:
     assert again["outcome"] == "already_started"
 
 
+def test_start_takes_an_auth_secret_and_a_protocol_on_the_command_line(router_api: str) -> None:
+    protocol = {"name": "live", "options": {"subscribe": {"op": "sub", "key": "${secret:key}"}}}
+    code, out, _ = run(
+        "--api",
+        router_api,
+        "--json",
+        "start",
+        FEED,
+        "--id",
+        "cli-auth",
+        "--auth-secret",
+        "websocket-fleet/feeds/acme",
+        "--protocol",
+        json.dumps(protocol),
+    )
+    assert code == EXIT_OK
+    started = json.loads(out)
+    assert (started["auth"], started["protocol"]) == (
+        {"secret": "websocket-fleet/feeds/acme"},
+        protocol,
+    )
+    code, _, err = run(
+        "--api", router_api, "start", FEED, "--id", "cli-bad", "--auth-secret", "prod/db/root"
+    )
+    assert code == EXIT_API_ERROR
+    assert "invalid_auth" in err
+
+
 def test_a_generated_id(router_api: str) -> None:
     code, out, _ = run("--api", router_api, "--json", "start", FEED)
     assert code == EXIT_OK
@@ -201,6 +229,7 @@ def test_connection_refused_says_how_to_start_the_local_stack() -> None:
     [
         ["start", FEED, "--metadata", "{not json"],
         ["start", FEED, "--metadata", "[1, 2]"],
+        ["start", FEED, "--protocol", "json-field"],
         ["list", "--state", "RUNNING"],
         ["list", "--limit", "ten"],
         ["watch", "--interval", "0"],
