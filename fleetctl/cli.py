@@ -45,8 +45,8 @@ exit status: 0 done, 1 the API refused or failed, 2 usage or missing credentials
 
 examples:
   python -m fleetctl start ws://127.0.0.1:8765/demo --id demo-1
-  python -m fleetctl start wss://feed.example.com/v1 --auth-secret websocket-fleet/acme \
-      --protocol '{"name": "json-field", "options": {"sequence": "/seq"}}'
+  python -m fleetctl start wss://feed.example.com/v1 --auth-secret websocket-fleet/acme
+      --protocol '{"name": "json-field", "options": {"sequence": "/seq"}}'   (one line)
   python -m fleetctl list --state STARTED --all
   python -m fleetctl --json get demo-1
   python -m fleetctl watch --interval 0.5
