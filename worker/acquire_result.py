@@ -19,10 +19,6 @@ class AcquireResult(enum.Enum):
     """The worker is shutting down and takes no more work."""
     NO_SESSION = "no_session"
     """The worker's session is not open or not renewed lately: it takes nothing now."""
-    AT_SHARE = "at_share"
-    """A hint to rebalance (``reassign``) reached a worker at or above its fair share:
-    it leaves the connection to the workers below theirs, which find it in the
-    ``unowned`` index."""
 
     @property
     def settled(self) -> bool:

@@ -5,9 +5,9 @@ The rules are :mod:`wsfleet.balance_rules`; this module feeds them the live sess
 as the reconciler last listed them (with this worker's own load as it is now, not as
 its last renew published it) and carries out this worker's part of the plan:
 
-- **room**: the reconciler's unowned sweep, ``reassign`` hints and offers take only up
-  to :meth:`Balancer.room` (start messages and the takeover of a dead session are not
-  limited by it, only by capacity);
+- **room**: the reconciler's unowned sweep and balance offers take only up to
+  :meth:`Balancer.room` (start messages, ``reassign`` hints, drains and the takeover
+  of a dead session are not limited by it, only by capacity);
 - **rounds**: at most every ``BALANCE_ROUND_SECONDS``, a worker above its share by
   more than the tolerance stops the planned number of its connections with a
   graceful release (the final checkpoint goes into the item) and offers them, one
@@ -154,8 +154,8 @@ class Balancer:
         return connections + self.in_flight()
 
     def room(self) -> int:
-        """How many connections this worker may take from offers or ``reassign`` hints
-        now: up to its fair share of the connections the live sessions publish (a
+        """How many connections this worker may take from balance offers or the unowned
+        index now: up to its fair share of the connections the live sessions publish (a
         giver publishes a move until it settled, :meth:`published_connections`)."""
         connections, capacity = self._owner.load()
         if self._settings is None:

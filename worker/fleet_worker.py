@@ -149,7 +149,6 @@ class Worker:
             self.queue,
             capacity=self.capacity,
             acquire=self.acquire,
-            may_rebalance=lambda: self.balancer.room() > 0,
             retry_seconds=max(1, round(config.timing.heartbeat)),
             rng=rng,
         )

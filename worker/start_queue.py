@@ -79,14 +79,12 @@ class StartConsumer:
         *,
         capacity: Capacity,
         acquire: Acquire,
-        may_rebalance: Callable[[], bool] = lambda: True,
         retry_seconds: int,
         rng: random.Random,
     ) -> None:
         self._queue = queue
         self._capacity = capacity
         self._acquire = acquire
-        self._may_rebalance = may_rebalance
         self._retry_seconds = retry_seconds
         self._rng = rng
         self._poll: asyncio.Future[list[MessageTypeDef]] | None = None
@@ -145,12 +143,11 @@ class StartConsumer:
             )
             return None
         try:
-            if start.type == REASSIGN and not self._may_rebalance():
-                # A rebalancing hint at a worker at or above its fair share: leave the
-                # connection to those below theirs (the unowned index finds it).
-                result = AcquireResult.AT_SHARE
-            else:
-                result = await self._acquire(start.connection_id)
+            # A reassign hint is taken up to capacity, like a drain: it is sent for a
+            # connection released at shutdown that no offer placed, and it must find a
+            # home now; a worker it puts above its share gives the excess back in a
+            # later, graceful balance round.
+            result = await self._acquire(start.connection_id)
         except Exception as error:
             log.warning(
                 "acquire failed; the message will come back",
