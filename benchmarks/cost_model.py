@@ -44,7 +44,7 @@ from local_stack.resources import table_indexes
 from wsfleet import schema, session_rules
 from wsfleet.checkpoint_page import PageEntry, page_item
 from wsfleet.item import to_attribute
-from wsfleet.timing import LeaseTiming
+from wsfleet.timing import OWN_CHECK_PASSES, LeaseTiming
 
 HOURS_PER_MONTH = 730.0
 SECONDS_PER_HOUR = 3600.0
@@ -380,11 +380,11 @@ class Fleet:
     """Ownership moves (starts, stops, failovers) per connection per hour; each is an
     acquire and a release."""
     # What-ifs: the design as built has 4 session item collections, lists all of them
-    # on every pass and checks its own by-owner entries on every pass.
+    # on every pass and checks its own by-owner entries every OWN_CHECK_PASSES passes.
     session_shards: int = schema.SESSION_SHARDS
     session_shards_per_pass: int | None = None
     """How many session item collections one pass lists (None: all of them)."""
-    stray_check_every: int = 1
+    stray_check_every: int = OWN_CHECK_PASSES
     """The by-owner query of the worker's own session, once every this many passes."""
     worker_id: str = EXAMPLE_WORKER_ID
     """Its length sizes the session item, the page's key and every by-owner entry."""
@@ -634,7 +634,7 @@ def add_what_ifs(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--session-shards-per-pass", type=int, default=None, help="default: all of them"
     )
-    group.add_argument("--stray-check-every", type=int, default=1, help="passes")
+    group.add_argument("--stray-check-every", type=int, default=OWN_CHECK_PASSES, help="passes")
 
 
 def what_ifs(args: argparse.Namespace) -> dict[str, Any]:
