@@ -14,7 +14,7 @@ from benchmarks import cost_model as cm
 from tests.support.timing import scaled
 from wsfleet import schema
 from wsfleet.checkpoint_page import encode_entries
-from wsfleet.timing import LeaseTiming
+from wsfleet.timing import OWN_CHECK_PASSES, LeaseTiming
 
 pytestmark = pytest.mark.timeout(scaled(30))
 
@@ -156,8 +156,9 @@ def test_one_worker_of_500_at_the_defaults() -> None:
     assert load.reads[cm.UNOWNED_QUERY] == 0.0
     # Sessions: one partition with one item (0.5), three empty ones (0.5 each).
     assert load.reads[cm.SESSION_LIST] == pytest.approx(4 * 0.5 / 0.6)
-    # by-owner: 4 shards of 125 entries of ~221 B = ~27.6 KB -> 7 blocks -> 3.5 each.
-    assert load.reads[cm.OWNER_QUERY] == pytest.approx(4 * 3.5 / 0.6)
+    # by-owner: 4 shards of 125 entries of ~221 B = ~27.6 KB -> 7 blocks -> 3.5 each,
+    # every fourth pass.
+    assert load.reads[cm.OWNER_QUERY] == pytest.approx(4 * 3.5 / (0.6 * OWN_CHECK_PASSES))
 
 
 def test_report_per_connection_hour_and_month() -> None:
@@ -168,9 +169,9 @@ def test_report_per_connection_hour_and_month() -> None:
     assert writes[cm.PAGE] == pytest.approx(720 * 13 / 500, abs=0.01)
     assert writes["total"] == pytest.approx(30.72, abs=0.01)
     reads = result["read_units_per_connection_hour"]
-    assert reads["total"] == pytest.approx((2 + 14) / 0.6 * 3600 / 500, abs=0.01)
-    # 730 h x (30.72 x $0.625 + 192 x $0.125) / 1e6
-    assert result["per_connection_month_usd_on_demand"] == pytest.approx(0.0315, abs=0.0001)
+    assert reads["total"] == pytest.approx((2 + 14 / OWN_CHECK_PASSES) / 0.6 * 3600 / 500, abs=0.01)
+    # 730 h x (30.72 x $0.625 + 66 x $0.125) / 1e6
+    assert result["per_connection_month_usd_on_demand"] == pytest.approx(0.0200, abs=0.0001)
     assert result["write_units"] == {"acquire": 3, "release": 3, "takeover_per_connection": 4}
 
 
