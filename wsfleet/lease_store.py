@@ -338,10 +338,7 @@ class LeaseStore:
         to make the worker's event loop late (docs/DESIGN.md §4.2)."""
         query: dict[str, Any] = {
             "TableName": self._table,
-            "IndexName": schema.OWNER_INDEX_NAME,
-            "KeyConditionExpression": "#okey = :okey",
-            "ExpressionAttributeNames": {"#okey": schema.OWNER_KEY},
-            "ExpressionAttributeValues": {":okey": {"S": owner_key}},
+            **_owner_query(owner_key),
             "Limit": limit,
         }
         if start_key:
@@ -355,12 +352,7 @@ class LeaseStore:
         owner, session, desired state, start_gen, epoch, seq_gen, last_seq)."""
         found: list[ConnectionItem] = []
         for key in schema.owner_keys(worker_id, session_gen):
-            query = {
-                "IndexName": schema.OWNER_INDEX_NAME,
-                "KeyConditionExpression": "#okey = :okey",
-                "ExpressionAttributeNames": {"#okey": schema.OWNER_KEY},
-                "ExpressionAttributeValues": {":okey": {"S": key}},
-            }
+            query = _owner_query(key)
             found += [ConnectionItem.from_dynamodb(raw) for raw in self._query(query, None)]
         return found
 
@@ -420,3 +412,13 @@ class LeaseStore:
             start_key = page.get("LastEvaluatedKey")
             if not start_key:
                 return
+
+
+def _owner_query(owner_key: str) -> dict[str, Any]:
+    """The ``by-owner`` index query of one ``owner_key``."""
+    return {
+        "IndexName": schema.OWNER_INDEX_NAME,
+        "KeyConditionExpression": "#okey = :okey",
+        "ExpressionAttributeNames": {"#okey": schema.OWNER_KEY},
+        "ExpressionAttributeValues": {":okey": {"S": owner_key}},
+    }
