@@ -21,9 +21,10 @@ The bound is one watchdog timer per connection, not a timeout scope per call: it
 armed at the call deadline by a call that finds none armed, a renew does not touch
 it, and when it fires the state says whether to cut the call in flight, fire again
 at the moved deadline, or disarm (no call in flight). The per-message path makes no
-object but the :class:`~worker.delivery.Delivery` (and the decoded frame) and adds to
-the metrics once per call; a batch handler (``handle_batch``) gets every message
-already buffered in one call.
+object but the :class:`~worker.delivery.Delivery` (and the decoded frame); its common
+case (the next seq, a call that may start and returns) is a few comparisons against
+the state's fields, and every other case goes through the state's decisions. A batch
+handler (``handle_batch``) gets every message already buffered in one call.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import asyncio
 import functools
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,6 +134,8 @@ class ConnectionRunner:
         """Loop time of the last checkpoint advance (for the page's "advanced at")."""
         self.health = UpstreamHealth(asyncio.get_running_loop().time(), lease.last_seq)
         self._loop = asyncio.get_running_loop()
+        self._clock = _clock_of(self._loop)
+        self._tally = settings.metrics.handled
         self._resumed = asyncio.Event()
         """Set by a session renew that moves the deadline, or by the ending."""
         self._ended: asyncio.Future[Ending] = self._loop.create_future()
@@ -620,7 +624,7 @@ class ConnectionRunner:
             return
         handle: Callable[[Delivery], Awaitable[None]] = s.handler.handle  # type: ignore[union-attr]
         state = self.state
-        loop = self._loop
+        clock = self._clock
         read = reader(self.protocol)
         connection_id, epoch, worker_id = self.connection_id, self.lease.epoch, s.worker_id
         task = asyncio.current_task()
@@ -634,18 +638,24 @@ class ConnectionRunner:
             else:
                 await self._not_a_message(ws, frame)
                 continue
-            if state.classify(seq) is not Frame.NEXT and not self._takes(seq):
+            # seq == checkpoint + 1 is Frame.NEXT; the state classifies the rest.
+            if seq != state.checkpoint + 1 and not self._takes(seq):
                 if self._out_of_order(seq):
                     continue
                 return
             delivery = make_delivery(connection_id, epoch, seq, payload, worker_id)
-            # The common case in this coroutine: the call may start and returns.
-            call_now = state.before_call(loop.time())
-            failure = await self._call(task, handle, delivery) if call_now is Call.GO else None
-            if call_now is Call.GO and failure is None:
-                if self._handled(seq, 1):
-                    await self._clear_failing()
-            elif not await self._deliver(task, handle, delivery, seq, 1, call_now, failure):
+            # The common case, inline: the call may start (ConnectionState.before_call
+            # says GO exactly when now < go_until) and returns.
+            if clock() < state.go_until:
+                failure = await self._call(task, handle, delivery)
+                if failure is None:
+                    if self._handled(seq, 1):
+                        await self._clear_failing()
+                    continue
+                call_now: Call | None = Call.GO
+            else:
+                call_now, failure = None, None
+            if not await self._deliver(task, handle, delivery, seq, 1, call_now, failure):
                 return
 
     async def _receive_batches(
@@ -658,9 +668,10 @@ class ConnectionRunner:
         batch before it (and then this upstream connection)."""
         s = self._s
         state = self.state
-        loop = self._loop
+        clock = self._clock
         read = reader(self.protocol)
         connection_id, epoch, worker_id = self.connection_id, self.lease.epoch, s.worker_id
+        buffered = ws.recv_messages.frames.queue
         task = asyncio.current_task()
         assert task is not None
         async for data in ws:
@@ -678,25 +689,33 @@ class ConnectionRunner:
                     seq = 0
                 if not seq:
                     pass
-                elif state.classify(seq, last) is Frame.NEXT or self._takes(seq, last):
+                # seq == last + 1 is Frame.NEXT; the state classifies the rest.
+                elif seq == last + 1 or self._takes(seq, last):
                     last = seq
                     batch.append(make_delivery(connection_id, epoch, seq, payload, worker_id))
                 elif not self._out_of_order(seq, last):
                     leave = True
                     break
-                if not _message_buffered(ws):
+                # A whole message already buffered (websockets keeps the data frames
+                # it received there; the first of a fragmented message is not final
+                # and the batch stops before it): recv returns it at once.
+                if not buffered or not buffered[0].fin:
                     break
-                data = await ws.recv()  # buffered: returns at once
+                data = await ws.recv()
             if batch:
-                # The common case in this coroutine, as in _receive.
-                call_now = state.before_call(loop.time())
-                failure = (
-                    await self._call(task, handle_batch, batch) if call_now is Call.GO else None
-                )
-                if call_now is Call.GO and failure is None:
-                    if self._handled(last, len(batch)):
-                        await self._clear_failing()
-                elif not await self._deliver(
+                # The common case inline, as in _receive.
+                if clock() < state.go_until:
+                    failure = await self._call(task, handle_batch, batch)
+                    if failure is None:
+                        if self._handled(last, len(batch)):
+                            await self._clear_failing()
+                        if leave:
+                            return
+                        continue
+                    call_now: Call | None = Call.GO
+                else:
+                    call_now, failure = None, None
+                if not await self._deliver(
                     task, handle_batch, batch, last, len(batch), call_now, failure
                 ):
                     return
@@ -796,11 +815,15 @@ class ConnectionRunner:
         """A call of ``count`` messages up to seq ``last`` returned: pass the
         checkpoint over them. True when the failing mark must now be cleared."""
         self.state.call_returned(last)
-        self._advanced_at = self._loop.time()
-        self._s.metrics.count(m.MESSAGES_PROCESSED, count)
+        self._advanced_at = self._clock()
+        self._tally.messages += count
         if self._gap_open:
             self._measure_gap()
-        return self.failing.message_handled()
+        failing = self.failing
+        # message_handled() has nothing to do unless a failing streak is on.
+        return (failing.failing_since_ms is not None or failing.on_item) and (
+            failing.message_handled()
+        )
 
     async def _paused(self) -> None:
         """Wait, handling nothing, until a session renew moves the fence deadline or
@@ -869,12 +892,12 @@ class ConnectionRunner:
             task.cancel()
 
 
-def _message_buffered(ws: ClientConnection) -> bool:
-    """Whether a whole message is already buffered, so that ``recv`` returns it at
-    once: websockets keeps the data frames it received in ``recv_messages.frames``;
-    the first of a fragmented message is not final, and the batch stops before it."""
-    queue = ws.recv_messages.frames.queue
-    return bool(queue) and queue[0].fin
+def _clock_of(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+    """The loop's clock as one C call: asyncio's loops read ``time.monotonic``
+    (``BaseEventLoop.time``); another loop's own ``time`` otherwise."""
+    if type(loop).time is asyncio.BaseEventLoop.time:
+        return time.monotonic
+    return loop.time
 
 
 class DeadlineReachedError(Exception):

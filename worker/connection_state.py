@@ -21,6 +21,7 @@ heartbeat, skew and margin.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 from wsfleet import lease_rules
@@ -133,6 +134,10 @@ class ConnectionState:
         self.ending: Ending | None = None
         self.drain_deadline = self.deadline
         """For a graceful ending: the fence deadline at the moment of the stop."""
+        self.go_until = self.deadline
+        """:meth:`before_call` says ``GO`` exactly when ``now < go_until``: the fence
+        deadline while no ending is decided, minus infinity after. The reader's
+        per-message check is this one comparison."""
 
     # --- ending --------------------------------------------------------------------------
 
@@ -151,6 +156,7 @@ class ConnectionState:
         if self.ending is not None:
             return False
         self.ending = ending
+        self.go_until = -math.inf
         if ending.graceful:
             self.drain_deadline = min(self.deadline, now + self.timing.drain_budget)
         return True
@@ -222,4 +228,7 @@ class ConnectionState:
         if deadline <= self.deadline:
             return None
         self.deadline = deadline
-        return None if self.stopping else deadline
+        if self.stopping:
+            return None
+        self.go_until = deadline
+        return deadline

@@ -861,3 +861,21 @@ async def test_the_upstream_close_goes_on_in_the_background_and_is_bounded():
         assert loop.time() - stopped < 1.6  # the 1 s close timeout, not the 2 s task bound
         assert pending["read:c1"].done()
     assert outcome.ending is Ending.SHUTDOWN
+
+
+async def test_the_readers_clock_is_the_loops_own():
+    from worker.connection import _clock_of
+
+    loop = asyncio.get_running_loop()
+    clock = _clock_of(loop)
+    assert abs(clock() - loop.time()) < 0.05
+
+    class ShiftedLoop(asyncio.SelectorEventLoop):
+        def time(self) -> float:
+            return super().time() + 1000.0
+
+    shifted = ShiftedLoop()
+    try:
+        assert _clock_of(shifted)() - loop.time() > 999  # a loop's own time() is kept
+    finally:
+        shifted.close()

@@ -5,6 +5,8 @@ endings, with boundaries. No sockets, no clock."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from worker.connection_state import Call, ConnectionState, Ending, Failure, Frame, Watch
 from wsfleet.timing import LeaseTiming
@@ -274,3 +276,28 @@ def test_the_watchdog_cuts_a_drained_call_at_the_drain_deadline(ending):
     assert s.call_deadline == T0 + 30  # the drain budget
     assert s.watchdog(T0 + 29.9, in_call=True) is Watch.LATER
     assert s.watchdog(T0 + 30, in_call=True) is Watch.CUT
+
+
+_EVENTS = st.lists(
+    st.one_of(
+        st.tuples(st.just("renewed"), st.floats(T0 - 5, T0 + 10)),
+        st.tuples(st.just("end"), st.sampled_from(list(Ending))),
+        st.tuples(st.just("probe"), st.floats(T0 - 5, T0 + 15)),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(events=_EVENTS, checkpoint=st.integers(0, 10))
+def test_the_readers_one_comparison_says_go_exactly_when_before_call_does(events, checkpoint):
+    """The reader checks ``now < go_until`` per message instead of calling
+    before_call: after any renews and endings, in any order, the two agree."""
+    s = state(checkpoint)
+    for kind, value in events:
+        if kind == "renewed":
+            s.renewed(value)
+        elif kind == "end":
+            s.end(value, T0)
+        for now in (value, s.deadline - 0.001, s.deadline, T0) if kind == "probe" else (T0,):
+            assert (now < s.go_until) is (s.before_call(now) is Call.GO)

@@ -173,3 +173,19 @@ def test_upstream_gaps_are_values_beside_the_takeover_latencies(takeovers, gaps)
     last = json.loads(out.getvalue().splitlines()[-1])
     assert m.UPSTREAM_GAP_MS not in last
     assert last[m.UPSTREAM_GAPS] == [0.0]
+
+
+def test_messages_the_readers_tally_are_counted_once_and_reset_by_the_flush():
+    metrics, out = make()
+    metrics.handled.messages += 5  # as readers add after each call that returned
+    metrics.count(m.MESSAGES_PROCESSED, 2)
+    assert metrics.snapshot()[m.MESSAGES_PROCESSED] == 7
+    metrics.handled.messages += 1
+    assert metrics.snapshot()[m.MESSAGES_PROCESSED] == 8  # a snapshot resets nothing
+    metrics.flush()
+    metrics.handled.messages += 3
+    metrics.flush()
+    first, second = (json.loads(line) for line in out.getvalue().splitlines())
+    assert first[m.MESSAGES_PROCESSED] == [8.0]
+    assert second[m.MESSAGES_PROCESSED] == [3.0]
+    assert metrics.snapshot()[m.MESSAGES_PROCESSED] == 0
