@@ -33,6 +33,7 @@ METRICS_INTERVAL_SECONDS: Final = "METRICS_INTERVAL_SECONDS"
 HEALTH_FILE: Final = "HEALTH_FILE"
 SQS_WAIT_SECONDS: Final = "SQS_WAIT_SECONDS"
 PING_INTERVAL_SECONDS: Final = "PING_INTERVAL_SECONDS"
+PING_TIMEOUT_SECONDS: Final = "PING_TIMEOUT_SECONDS"
 MAX_MESSAGE_BYTES: Final = "MAX_MESSAGE_BYTES"
 UPSTREAM_FAIL_AFTER_SECONDS: Final = "UPSTREAM_FAIL_AFTER_SECONDS"
 UPSTREAM_CONNECT_BURST: Final = "UPSTREAM_CONNECT_BURST"
@@ -44,6 +45,8 @@ BALANCE_MOVE_FRACTION: Final = "BALANCE_MOVE_FRACTION"
 SECRET_CACHE_SECONDS: Final = "SECRET_CACHE_SECONDS"
 
 DEFAULT_HEALTH_FILE: Final = "/tmp/websocket-fleet-worker.alive"
+DEFAULT_PING_TIMEOUT: Final = 5.0
+"""Seconds a keepalive ping waits for its pong (``PING_TIMEOUT_SECONDS``)."""
 
 
 class ConfigError(ValueError):
@@ -67,6 +70,11 @@ class WorkerConfig:
     health_file: Path = Path(DEFAULT_HEALTH_FILE)
     sqs_wait_seconds: int = 10
     ping_interval: float = 5.0
+    ping_timeout: float = DEFAULT_PING_TIMEOUT
+    """How long a keepalive ping may wait for its pong before the upstream connection
+    is given up (and resumed). Longer than the interval: an event loop busy with
+    hundreds of handshakes (a mass takeover, a drain) answers late, and a timeout as
+    short as the 1 s interval turned that into reconnects of healthy upstreams."""
     max_message_bytes: int = 1 << 20
     upstream_fail_after: float = 600.0
     """Seconds of failed upstream attempts with no message handled before a connection
@@ -121,6 +129,7 @@ class WorkerConfig:
             health_file=Path(env.get(HEALTH_FILE) or DEFAULT_HEALTH_FILE),
             sqs_wait_seconds=sqs_wait,
             ping_interval=_positive_float(env, PING_INTERVAL_SECONDS, max(timing.heartbeat, 1.0)),
+            ping_timeout=_positive_float(env, PING_TIMEOUT_SECONDS, DEFAULT_PING_TIMEOUT),
             max_message_bytes=_int(env, MAX_MESSAGE_BYTES, 1 << 20),
             upstream_fail_after=_positive_float(env, UPSTREAM_FAIL_AFTER_SECONDS, 600.0),
             upstream_connect_burst=connect_burst,

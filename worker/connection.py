@@ -106,6 +106,7 @@ class ConnectionSettings:
     rng: random.Random
     skip_failed_messages: bool = False
     ping_interval: float = 5.0
+    ping_timeout: float = 5.0
     max_message_bytes: int = 1 << 20
     open_timeout: float = 10.0
     fail_after: float = 600.0
@@ -550,7 +551,7 @@ class ConnectionRunner:
             additional_headers=dict(credentials.headers) or None,
             open_timeout=s.open_timeout,
             ping_interval=s.ping_interval,
-            ping_timeout=s.ping_interval,
+            ping_timeout=s.ping_timeout,
             close_timeout=1.0,
             max_size=s.max_message_bytes,
             logger=None if credentials is NO_CREDENTIALS else _handshake_log,

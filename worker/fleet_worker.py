@@ -128,6 +128,7 @@ class Worker:
             rng=rng,
             skip_failed_messages=config.handler_errors == "skip",
             ping_interval=config.ping_interval,
+            ping_timeout=config.ping_timeout,
             max_message_bytes=config.max_message_bytes,
             fail_after=config.upstream_fail_after,
             secrets=deps.secrets,

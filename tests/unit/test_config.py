@@ -27,6 +27,7 @@ def test_defaults():
     assert config.service_name == "websocket-fleet"
     assert config.handler is None
     assert config.ping_interval == 1.0  # a heartbeat, and never under a second
+    assert config.ping_timeout == 5.0  # longer than the interval: a busy loop answers late
     assert config.secret_cache_seconds == 300
 
 
@@ -51,6 +52,8 @@ def test_overrides():
         "UPSTREAM_FAIL_AFTER_SECONDS": "2.5",
         "CHECKPOINT_SECONDS": "7.5",
         "SECRET_CACHE_SECONDS": "0",
+        "PING_INTERVAL_SECONDS": "2",
+        "PING_TIMEOUT_SECONDS": "7.5",
     }
     config = WorkerConfig.from_env(env)
     assert config.secret_cache_seconds == 0  # read at every connection attempt
@@ -65,6 +68,7 @@ def test_overrides():
     assert config.handler == "pkg.mod:make"
     assert (config.metrics_namespace, config.service_name) == ("Ns", "svc")
     assert config.health_file == Path("/tmp/h")
+    assert (config.ping_interval, config.ping_timeout) == (2, 7.5)
 
 
 @pytest.mark.parametrize(
@@ -84,6 +88,8 @@ def test_overrides():
         (BASE | {"REASSIGN_ON_RELEASE": "maybe"}, "REASSIGN_ON_RELEASE must be true or false"),
         (BASE | {"HANDLER_ERRORS": "ignore"}, "HANDLER_ERRORS must be"),
         (BASE | {"SQS_WAIT_SECONDS": "21"}, "SQS_WAIT_SECONDS"),
+        (BASE | {"PING_TIMEOUT_SECONDS": "0"}, "PING_TIMEOUT_SECONDS must be > 0"),
+        (BASE | {"PING_TIMEOUT_SECONDS": "never"}, "PING_TIMEOUT_SECONDS must be a number"),
         (BASE | {"UPSTREAM_FAIL_AFTER_SECONDS": "0"}, "UPSTREAM_FAIL_AFTER_SECONDS must be > 0"),
         (BASE | {"UPSTREAM_FAIL_AFTER_SECONDS": "-1"}, "UPSTREAM_FAIL_AFTER_SECONDS must be > 0"),
         (BASE | {"UPSTREAM_FAIL_AFTER_SECONDS": "soon"}, "UPSTREAM_FAIL_AFTER_SECONDS must be"),

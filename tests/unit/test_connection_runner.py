@@ -832,7 +832,12 @@ async def test_an_upstream_that_stops_answering_pings_is_left_and_resumed(feed_u
     store = FakeStore()
     handler = Recorder()
     runner = make_runner(
-        store, handler, feed_url + "?mute_after=3", metrics=metrics, ping_interval=0.2
+        store,
+        handler,
+        feed_url + "?mute_after=3",
+        metrics=metrics,
+        ping_interval=0.2,
+        ping_timeout=0.3,
     )
     task = start(runner)
     await wait_for(lambda: len(handler.finished) >= 5, 5)
