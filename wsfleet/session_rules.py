@@ -251,7 +251,7 @@ def offer_update(tokens: Iterable[str]) -> ConditionalUpdate:
         update_expression="ADD #notices :tokens",
         condition_expression="#state = :alive",
         names=_names("#notices", "#state"),
-        values={":tokens": {"SS": sorted(tokens)}, ":alive": to_attribute(schema.ALIVE)},
+        values={":tokens": {"SS": sorted(set(tokens))}, ":alive": to_attribute(schema.ALIVE)},
     )
 
 

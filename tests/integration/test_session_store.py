@@ -540,3 +540,48 @@ def test_two_batched_takers_racing_take_each_connection_once(sessions, store, co
                 winners[cid] += 1
     assert winners == Counter(dict.fromkeys(ids, 1))
     assert {read(cid).lease_epoch for cid in ids} == {2}
+
+
+# --- offers between workers ------------------------------------------------------------------
+
+
+def test_an_offer_lands_on_a_live_session_in_one_write_and_is_idempotent(sessions):
+    """A balance move or a drain offers released connections to a live session: every
+    token arrives with the receiver's next renew; a retried offer (an ADD) adds nothing
+    twice; the router's notices and the offers sit side by side."""
+    assert sessions.open("r", 1, T0, capacity=10)
+    offers = [
+        session_rules.notice_token(cid, session_rules.OFFER, T0 + 1, "n1") for cid in ("a", "b")
+    ]
+    drain = session_rules.notice_token("c", session_rules.DRAIN, T0 + 2, "n2")
+    assert sessions.offer("r", 1, offers)
+    assert sessions.offer("r", 1, [offers[0]])  # the retry of a write that had landed
+    assert sessions.offer("r", 1, [offers[1], offers[1]])  # one token twice: written once
+    assert sessions.offer("r", 1, [drain])
+    assert sessions.notify("r", 1, session_rules.notice_token("d", "stop", T0 + 3, "n3"))
+    renewed = sessions.renew("r", 1, T0 + 100, connections=0)
+    assert isinstance(renewed, SessionRenewed)
+    by_kind = Counter(session_rules.notice_kind(token) for token in renewed.notices)
+    assert by_kind == {session_rules.OFFER: 2, session_rules.DRAIN: 1, "stop": 1}
+    assert {session_rules.notice_connection_id(t) for t in renewed.notices} == set("abcd")
+    assert set(offers) | {drain} <= renewed.notices
+    # Acted on: gone with the next renew, the rest stays.
+    renewed = sessions.renew("r", 1, T0 + 200, connections=3, acted_on=[*offers, drain])
+    assert isinstance(renewed, SessionRenewed)
+    assert {session_rules.notice_kind(t) for t in renewed.notices} == {"stop"}
+
+
+@pytest.mark.parametrize("how", ["retired", "reaped", "never opened"])
+def test_an_offer_to_a_session_that_is_not_alive_is_refused_and_writes_nothing(sessions, how):
+    """The giver then leaves the connection to the unowned index (a hint, a sweep):
+    a dead session never gathers offers it cannot act on, and none is created."""
+    if how != "never opened":
+        assert sessions.open("r", 1, T0, capacity=10)
+    if how == "retired":
+        assert sessions.retire("r", 1, T0 + 10)
+    elif how == "reaped":
+        reaped(sessions, "r")
+    token = session_rules.notice_token("a", session_rules.OFFER, T0 + 20, "n1")
+    assert not sessions.offer("r", 1, [token])
+    stored = sessions.get_session("r", 1)
+    assert (stored is None) if how == "never opened" else (stored.notices == frozenset())

@@ -9,7 +9,8 @@ typed attribute maps (``{"S": ...}``, ``{"N": ...}``, ``{"SS": [...]}``, ``{"B":
 
 It refuses what DynamoDB refuses and the rules could get wrong: a placeholder that is
 used but not defined, one that is defined but not used, a clause keyword given twice,
-two actions on the same attribute, and an update of a key attribute. A comparison
+two actions on the same attribute, an update of a key attribute, and a set value
+with duplicates. A comparison
 with a missing attribute, or across types, is false, except ``<>``, which is true
 (as DynamoDB Local answers).
 """
@@ -98,7 +99,12 @@ class _Parser:
         if token not in self.values:
             raise ExpressionError(f"undefined value placeholder {token}")
         self.used_values.add(token)
-        return self.values[token]
+        value = self.values[token]
+        for kind in ("SS", "NS", "BS"):
+            members = value.get(kind) if isinstance(value, Mapping) else None
+            if members is not None and len(set(members)) != len(members):
+                raise ExpressionError(f"{token}: the {kind} set contains duplicates")
+        return value
 
     def operand(self, item: Item) -> Any:
         token = self.peek()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.unit.expressions import Item, attempt, holds
-from wsfleet import schema
+from wsfleet import schema, session_rules
 from wsfleet.item import to_attribute
 from wsfleet.lease_rules import fence_deadline
 from wsfleet.session_rules import (
@@ -24,6 +24,7 @@ from wsfleet.session_rules import (
     notice_connection_id,
     notice_token,
     notice_update,
+    offer_update,
     reap_cutoff_ms,
     reap_update,
     reaper_fallback_ms,
@@ -630,3 +631,41 @@ def test_anyone_takes_anything_four_leases_after_the_reap(reaped_at, fallback):
         worker_id="w", session_gen=1, state=schema.DEAD, expires_at_ms=0, reaped_at_ms=reaped_at
     )
     assert reaper_fallback_ms(dead, TIMING) == fallback
+
+
+@pytest.mark.parametrize(
+    ("token", "kind"),
+    [
+        (session_rules.notice_token("c1", "stop", 5, "n"), "stop"),
+        (session_rules.notice_token("c1", "start", 5, "n"), "start"),
+        (session_rules.notice_token("c-2", session_rules.OFFER, 5, "n"), "offer"),
+        (session_rules.notice_token("c.3", session_rules.DRAIN, 5, "n"), "drain"),
+        ("c1", ""),  # not a token of ours: no kind, never an offer
+        ("", ""),
+    ],
+)
+def test_the_kind_of_a_notice(token, kind):
+    assert session_rules.notice_kind(token) == kind
+    assert (kind in session_rules.HANDOFFS) is (kind in ("offer", "drain"))
+
+
+@pytest.mark.parametrize(
+    ("item", "notices"),
+    [
+        (session_raw(), {"a offer 1 n", "b offer 1 n"}),
+        (session_raw(notices={"c stop 5 n"}), {"a offer 1 n", "b offer 1 n", "c stop 5 n"}),
+        (session_raw(notices={"a offer 1 n"}), {"a offer 1 n", "b offer 1 n"}),  # a retry
+        (session_raw(state=schema.DEAD), None),  # retired or reaped: it cannot act on them
+        (None, None),  # never opened, or forgotten
+    ],
+)
+def test_an_offer_adds_every_token_to_a_live_session_only(item, notices):
+    # A token given twice (a chunk retried within one call) is written once: DynamoDB
+    # refuses a string set with duplicates.
+    new = attempt(offer_update(["b offer 1 n", "a offer 1 n", "b offer 1 n"]), item)
+    if notices is None:
+        assert new is None
+    else:
+        assert new is not None
+        assert set(new["notices"]["SS"]) == notices
+        assert len(new["notices"]["SS"]) == len(notices)
