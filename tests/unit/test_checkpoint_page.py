@@ -191,6 +191,9 @@ def test_a_healthy_page_says_only_the_rates_in_the_entries_order():
 
 def test_only_the_troubled_entries_are_named_in_the_health():
     item = page_item("w-1", 4, TROUBLED, WRITTEN)
+    compact = zlib.decompress(item["health"]["B"])
+    assert b", " not in compact  # compact separators
+    assert b": " not in compact
     assert health_of(item) == {
         "r": [9.8, 0, 0, None],
         "t": {"c3": ["backing_off", 4, "HTTP 503"], "c4": ["streaming", 1, "connection lost"]},

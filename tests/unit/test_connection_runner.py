@@ -19,6 +19,7 @@ import itertools
 import json
 import logging
 import random
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -38,7 +39,7 @@ from worker.delivery import Delivery
 from worker.metrics import FleetMetrics
 from worker.upstream_protocol import JsonSeqProtocol
 from wsfleet import metric_names as m
-from wsfleet.checkpoint_page import PageEntry
+from wsfleet.checkpoint_page import BACKING_OFF, CONNECTING, STREAMING, PageEntry
 from wsfleet.lease_rules import Lease
 from wsfleet.lease_store import Released
 from wsfleet.timing import LeaseTiming
@@ -463,6 +464,11 @@ async def test_the_page_entry_reports_only_handled_seqs(feed_url):
     assert during.advanced_at_ms == pytest.approx(now_ms - (now - handled_two_at) * 1000, abs=50)
     assert during.advanced_at_ms is not None
     assert during.advanced_at_ms <= now_ms - 100
+    # How the upstream is doing: streaming on its first connection, and the rate of
+    # what was handled since the previous entry (seqs 1 and 2 since `before`).
+    assert (during.status, during.reconnects, during.last_error) == (STREAMING, 0, None)
+    assert during.rate is not None
+    assert 0 < during.rate <= 2 / 0.1
     release_three.set()
     await wait_for(lambda: 3 in handler.finished, 5)
     assert entry().seq >= 3
@@ -884,3 +890,38 @@ async def test_the_readers_clock_is_the_loops_own():
         assert _clock_of(shifted)() - loop.time() > 999  # a loop's own time() is kept
     finally:
         shifted.close()
+
+
+async def test_the_page_entry_of_a_refused_upstream_says_so():
+    with socket.socket() as closed:  # a port nobody listens on: connections are refused
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    runner = make_runner(FakeStore(), Recorder(), f"ws://127.0.0.1:{port}/nothing")
+    task = start(runner)
+    await wait_for(lambda: runner.health.reconnects >= 2, 5)
+    loop = asyncio.get_running_loop()
+    entry = runner.page_entry(loop.time(), time.time_ns() // 1_000_000)
+    assert entry.status in (BACKING_OFF, CONNECTING)
+    assert entry.reconnects >= 2
+    assert entry.last_error == "connection refused"
+    assert entry.rate == 0
+    assert entry.seq == 0
+    await stop_and_wait(runner, task)
+
+
+@pytest.mark.parametrize(
+    ("failing_since_ms", "on_item", "clear"),
+    [
+        (None, False, False),  # no streak: nothing to do
+        (123, False, False),  # a streak not written yet: it ends, nothing to remove
+        (123, True, True),  # a streak on the item: the mark must go
+        (None, True, True),
+    ],
+)
+async def test_a_handled_message_ends_the_failing_streak(failing_since_ms, on_item, clear):
+    runner = make_runner(FakeStore(), Recorder(), "ws://127.0.0.1:9/unused")
+    runner.failing.failing_since_ms = failing_since_ms
+    runner.failing.on_item = on_item
+    assert runner._handled(5, 1) is clear
+    assert runner.failing.failing_since_ms is None
+    assert runner.checkpoint == 5

@@ -798,10 +798,11 @@ def test_lease_won_carries_the_items_protocol_and_secret_reference():
         ({"advanced_at_ms": NOW - 700, "advanced_start_gen": 1}, NOW - 700),
         ({"advanced_at_ms": NOW - 700, "advanced_start_gen": 0}, None),  # started since
         ({"advanced_at_ms": NOW - 700, "advanced_start_gen": 1, "last_seq": 0}, None),
+        ({"advanced_at_ms": NOW - 700, "advanced_start_gen": 1, "last_seq": 1}, NOW - 700),
         ({"advanced_at_ms": NOW - 700}, None),
         ({}, None),
     ],
-    ids=["same start", "a start since", "checkpoint reset", "no start gen", "never"],
+    ids=["same start", "a start since", "checkpoint reset", "one handled", "no start gen", "never"],
 )
 def test_the_last_advance_a_release_left_counts_only_under_the_same_start(fields, advanced):
     assert lease_won(conn(free(**fields)), ME, GEN).advanced_at_ms == advanced

@@ -9,18 +9,22 @@ message."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
+from websockets.asyncio.server import ServerConnection
 
 from tests.unit import test_connection_runner as runner_support
 from tests.unit.test_connection_runner import (
     EPOCH,
     FakeStore,
+    feed_frame,
     make_runner,
     new_metrics,
     start,
     stop_and_wait,
+    upstream,
     wait_for,
 )
 from worker.connection_state import Ending
@@ -193,3 +197,69 @@ async def test_a_graceful_stop_drains_the_batch_in_flight(feed_url):
     assert handler.returned == handler.batches()  # none cut short
     assert outcome.last_seq == handler.returned[-1][-1]
     assert store.releases == [(EPOCH, outcome.last_seq)]
+
+
+# --- noise, duplicates and gaps inside a batch -------------------------------------------
+
+
+async def test_noise_and_duplicates_inside_a_batch_are_dropped_on_the_same_connection():
+    """Frames that pile up behind a slow call: a ping (answered), garbage, a frame
+    with no seq and duplicates of what the batch already holds are left out of it; the
+    connection is kept (one upstream connection)."""
+
+    async def noisy(ws: ServerConnection, from_seq: int) -> None:
+        await ws.send(json.dumps({"type": "ping", "n": 1}))  # before any message
+        await ws.send(feed_frame(from_seq))
+        await asyncio.sleep(0.05)  # the first call is running: the rest piles up
+        for frame in (
+            feed_frame(from_seq + 1),
+            feed_frame(from_seq + 2),
+            "not json",
+            feed_frame(from_seq + 2),  # a duplicate of this batch's own last message
+            feed_frame(from_seq + 1),  # and of an earlier one, past the checkpoint
+            json.dumps({"type": "ping", "n": 2}),
+            json.dumps({"seq": 0}),
+            feed_frame(from_seq + 3),
+        ):
+            await ws.send(frame)
+        await up.read_all(ws)
+
+    async with upstream(noisy) as up:
+        store = FakeStore()
+        handler = BatchRecorder(delay=0.3)
+        runner = make_runner(store, handler, up.url)  # type: ignore[arg-type]
+        task = start(runner)
+        await wait_for(lambda: len(handler.handled()) >= 4, 5)
+        await wait_for(lambda: len(up.received) >= 2, 5)
+        outcome = await stop_and_wait(runner, task)
+    assert handler.batches() == [[1], [2, 3, 4]]
+    assert [json.loads(frame)["n"] for frame in up.received] == [1, 2]  # both answered
+    assert [from_seq for _, from_seq in up.connections] == [1]
+    assert outcome.last_seq == 4
+
+
+async def test_a_gap_inside_a_batch_delivers_what_came_before_it_then_resumes_after_it():
+    async def gapped(ws: ServerConnection, from_seq: int) -> None:
+        if from_seq == 1:
+            await ws.send(feed_frame(1))
+            await asyncio.sleep(0.05)  # the first call is running: the rest piles up
+            for seq in (2, 3, 5, 6):  # 4 is missing
+                await ws.send(feed_frame(seq))
+        else:
+            for seq in range(from_seq, from_seq + 3):
+                await ws.send(feed_frame(seq))
+        await up.read_all(ws)
+
+    async with upstream(gapped) as up:
+        store = FakeStore()
+        handler = BatchRecorder(delay=0.3)
+        runner = make_runner(store, handler, up.url)  # type: ignore[arg-type]
+        task = start(runner)
+        await wait_for(lambda: len(handler.handled()) >= 6, 5)
+        outcome = await stop_and_wait(runner, task)
+    assert handler.batches()[:2] == [[1], [2, 3]]  # the batch ends before the gap
+    # Resumed from right after what was handled: nothing asked for twice.
+    assert [from_seq for _, from_seq in up.connections] == [1, 4]
+    handled = handler.handled()
+    assert handled == list(range(1, len(handled) + 1))
+    assert outcome.last_seq == handled[-1]

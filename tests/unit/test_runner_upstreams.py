@@ -516,3 +516,35 @@ async def test_failures_of_a_connection_with_a_secret_are_logged_without_the_url
     assert failed
     assert {r.error for r in failed} == {"connection refused"}  # type: ignore[attr-defined]
     assert_no_value_in(logged(caplog))
+
+
+async def test_a_stream_that_cannot_resume_drops_repeats_inside_a_batch():
+    """A batch handler on a stream that cannot resume: a gap is delivered past, but a
+    number the batch being gathered already holds is a repeat, dropped like any other
+    (each number handled once, in order)."""
+    numbers = [n for k in range(1, 61) for n in ((k, k - 2) if k % 5 == 0 else (k,))]
+    upstream = Upstream(
+        message=lambda n: json.dumps({"n": n}),
+        close_after=len(numbers),
+        numbering=lambda start, sent: numbers[sent],
+    )
+
+    class Batches:
+        def __init__(self) -> None:
+            self.batches: list[list[int]] = []
+
+        async def handle_batch(self, deliveries: Any) -> None:
+            self.batches.append([d.seq for d in deliveries])
+            await asyncio.sleep(0.05)  # messages pile up behind each call
+
+    async with serving(upstream):
+        store, handler = FakeStore(), Batches()
+        protocol = {"name": "json-field", "options": {"sequence": "/n"}}
+        runner = runner_for(store, handler, upstream.url, protocol=protocol)  # type: ignore[arg-type]
+        task = run(runner)
+        await wait_for(lambda: sum(map(len, handler.batches)) >= 60, 10)
+        runner.stop()
+        await asyncio.wait_for(task, 5)
+    handled = [seq for batch in handler.batches for seq in batch]
+    assert handled[:60] == list(range(1, 61))
+    assert any(len(batch) > 3 for batch in handler.batches)  # repeats fell inside batches
