@@ -640,6 +640,7 @@ def test_anyone_takes_anything_four_leases_after_the_reap(reaped_at, fallback):
         (session_rules.notice_token("c1", "start", 5, "n"), "start"),
         (session_rules.notice_token("c-2", session_rules.OFFER, 5, "n"), "offer"),
         (session_rules.notice_token("c.3", session_rules.DRAIN, 5, "n"), "drain"),
+        ("c1 offer", "offer"),  # the kind is the second field, however many follow
         ("c1", ""),  # not a token of ours: no kind, never an offer
         ("", ""),
     ],
