@@ -21,6 +21,7 @@ from fleetctl.client import FleetClient
 from local_stack import services
 from local_stack.clock import now_ms
 from tests.support.fleet import wait_until
+from tests.support.processes import children_take_sigint
 from wsfleet.checkpoint_page import PageEntry
 from wsfleet.lease_rules import Lease
 from wsfleet.lease_store import LeaseStore
@@ -456,7 +457,7 @@ def test_python_m_fleetctl(router_api: str) -> None:
 def test_ctrl_c_ends_watch_with_status_0(router_api: str, tmp_path: Path) -> None:
     FleetClient(router_api).start(FEED, connection_id="sigint")
     output = tmp_path / "watch.out"
-    with output.open("w") as sink:
+    with output.open("w") as sink, children_take_sigint():
         process = subprocess.Popen(
             [sys.executable, "-m", "fleetctl", "watch", "--interval", "0.2"],
             env=subprocess_env(router_api),
