@@ -27,6 +27,7 @@ from tests.unit.test_connection_runner import (
     upstream,
     wait_for,
 )
+from worker.connection import ConnectionRunner, Outcome
 from worker.connection_state import Ending
 from worker.delivery import Delivery
 from wsfleet import metric_names as m
@@ -202,6 +203,14 @@ async def test_a_graceful_stop_drains_the_batch_in_flight(feed_url):
 # --- noise, duplicates and gaps inside a batch -------------------------------------------
 
 
+def slow_batches(url: str) -> tuple[ConnectionRunner, BatchRecorder, asyncio.Task[Outcome]]:
+    """A running connection to ``url`` whose batch calls take 0.3 s each, so what the
+    upstream sends meanwhile piles up into the next batch."""
+    handler = BatchRecorder(delay=0.3)
+    runner = make_runner(FakeStore(), handler, url)  # type: ignore[arg-type]
+    return runner, handler, start(runner)
+
+
 async def test_noise_and_duplicates_inside_a_batch_are_dropped_on_the_same_connection():
     """Frames that pile up behind a slow call: a ping (answered), garbage, a frame
     with no seq and duplicates of what the batch already holds are left out of it; the
@@ -225,10 +234,7 @@ async def test_noise_and_duplicates_inside_a_batch_are_dropped_on_the_same_conne
         await up.read_all(ws)
 
     async with upstream(noisy) as up:
-        store = FakeStore()
-        handler = BatchRecorder(delay=0.3)
-        runner = make_runner(store, handler, up.url)  # type: ignore[arg-type]
-        task = start(runner)
+        runner, handler, task = slow_batches(up.url)
         await wait_for(lambda: len(handler.handled()) >= 4, 5)
         await wait_for(lambda: len(up.received) >= 2, 5)
         outcome = await stop_and_wait(runner, task)
@@ -251,10 +257,7 @@ async def test_a_gap_inside_a_batch_delivers_what_came_before_it_then_resumes_af
         await up.read_all(ws)
 
     async with upstream(gapped) as up:
-        store = FakeStore()
-        handler = BatchRecorder(delay=0.3)
-        runner = make_runner(store, handler, up.url)  # type: ignore[arg-type]
-        task = start(runner)
+        runner, handler, task = slow_batches(up.url)
         await wait_for(lambda: len(handler.handled()) >= 6, 5)
         outcome = await stop_and_wait(runner, task)
     assert handler.batches()[:2] == [[1], [2, 3]]  # the batch ends before the gap
