@@ -41,6 +41,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
+from worker.config import DEFAULT_PING_TIMEOUT
 from worker.connect_pacing import ConnectPacer
 from worker.connection_state import Call, ConnectionState, Ending, Failure, Frame, Watch
 from worker.credentials import NO_CREDENTIALS, Credentials, SecretCache, SecretError
@@ -106,7 +107,7 @@ class ConnectionSettings:
     rng: random.Random
     skip_failed_messages: bool = False
     ping_interval: float = 5.0
-    ping_timeout: float = 5.0
+    ping_timeout: float = DEFAULT_PING_TIMEOUT
     max_message_bytes: int = 1 << 20
     open_timeout: float = 10.0
     fail_after: float = 600.0

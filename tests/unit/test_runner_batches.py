@@ -203,10 +203,17 @@ async def test_a_graceful_stop_drains_the_batch_in_flight(feed_url):
 # --- noise, duplicates and gaps inside a batch -------------------------------------------
 
 
-def slow_batches(url: str) -> tuple[ConnectionRunner, BatchRecorder, asyncio.Task[Outcome]]:
+def slow_batches(
+    url: str, first_call: asyncio.Event
+) -> tuple[ConnectionRunner, BatchRecorder, asyncio.Task[Outcome]]:
     """A running connection to ``url`` whose batch calls take 0.3 s each, so what the
-    upstream sends meanwhile piles up into the next batch."""
-    handler = BatchRecorder(delay=0.3)
+    upstream sends meanwhile piles up into the next batch; ``first_call`` is set once
+    the first call is running."""
+
+    async def started() -> None:
+        first_call.set()
+
+    handler = BatchRecorder(delay=0.3, on_call={1: started})
     runner = make_runner(FakeStore(), handler, url)  # type: ignore[arg-type]
     return runner, handler, start(runner)
 
@@ -219,7 +226,7 @@ async def test_noise_and_duplicates_inside_a_batch_are_dropped_on_the_same_conne
     async def noisy(ws: ServerConnection, from_seq: int) -> None:
         await ws.send(json.dumps({"type": "ping", "n": 1}))  # before any message
         await ws.send(feed_frame(from_seq))
-        await asyncio.sleep(0.05)  # the first call is running: the rest piles up
+        await first_call.wait()  # the rest piles up behind the first call
         for frame in (
             feed_frame(from_seq + 1),
             feed_frame(from_seq + 2),
@@ -233,8 +240,9 @@ async def test_noise_and_duplicates_inside_a_batch_are_dropped_on_the_same_conne
             await ws.send(frame)
         await up.read_all(ws)
 
+    first_call = asyncio.Event()
     async with upstream(noisy) as up:
-        runner, handler, task = slow_batches(up.url)
+        runner, handler, task = slow_batches(up.url, first_call)
         await wait_for(lambda: len(handler.handled()) >= 4, 5)
         await wait_for(lambda: len(up.received) >= 2, 5)
         outcome = await stop_and_wait(runner, task)
@@ -248,7 +256,7 @@ async def test_a_gap_inside_a_batch_delivers_what_came_before_it_then_resumes_af
     async def gapped(ws: ServerConnection, from_seq: int) -> None:
         if from_seq == 1:
             await ws.send(feed_frame(1))
-            await asyncio.sleep(0.05)  # the first call is running: the rest piles up
+            await first_call.wait()  # the rest piles up behind the first call
             for seq in (2, 3, 5, 6):  # 4 is missing
                 await ws.send(feed_frame(seq))
         else:
@@ -256,8 +264,9 @@ async def test_a_gap_inside_a_batch_delivers_what_came_before_it_then_resumes_af
                 await ws.send(feed_frame(seq))
         await up.read_all(ws)
 
+    first_call = asyncio.Event()
     async with upstream(gapped) as up:
-        runner, handler, task = slow_batches(up.url)
+        runner, handler, task = slow_batches(up.url, first_call)
         await wait_for(lambda: len(handler.handled()) >= 6, 5)
         outcome = await stop_and_wait(runner, task)
     assert handler.batches()[:2] == [[1], [2, 3]]  # the batch ends before the gap
