@@ -165,6 +165,37 @@ def lease_won(
     )
 
 
+def lease_after_takeover(
+    seen: ConnectionItem,
+    current: ConnectionItem,
+    owner: str,
+    session_gen: int,
+    *,
+    resume_seq: int,
+    takeover_latency_ms: int | None,
+    advanced_at_ms: int | None,
+) -> Lease:
+    """The lease of a takeover whose write was conditioned on ``seen``, built from
+    ``current``, the item read after the write (what the runner needs beyond the
+    index's projection: URL, protocol, credentials).
+
+    ``resume_seq`` and ``advanced_at_ms`` were chosen for the stream the condition
+    checked. The router may have restarted the connection on a new stream between
+    the write and the read (``seq_gen`` moved, ``last_seq`` reset): that resume point
+    belongs to the old stream, so the lease takes the item's own checkpoint instead.
+    """
+    same_stream = current.seq_gen == seen.seq_gen
+    return lease_won(
+        current,
+        owner,
+        session_gen,
+        epoch=current.lease_epoch,
+        last_seq=resume_seq if same_stream else current.last_seq,
+        takeover_latency_ms=takeover_latency_ms,
+        advanced_at_ms=advanced_at_ms if same_stream else None,
+    )
+
+
 def last_advance_ms(item: ConnectionItem) -> int | None:
     """When the item's stream last advanced, as a release wrote it: only under the
     item's current start (a stop and a start since, or a re-arm, begins afresh), and

@@ -222,16 +222,18 @@ class LeaseStore:
                 )
                 for item in chunk
             }
-            for item in self._get_many([item.connection_id for item in chunk]):
+            conditioned = {item.connection_id: item for item in chunk}
+            for item in self._get_many(list(conditioned)):
+                cid = item.connection_id
                 if item.lease_owner == owner and item.owner_session_gen == session_gen:
-                    results[item.connection_id] = lease_rules.lease_won(
+                    results[cid] = lease_rules.lease_after_takeover(
+                        conditioned[cid],
                         item,
                         owner,
                         session_gen,
-                        epoch=item.lease_epoch,
-                        last_seq=resumes[item.connection_id],
+                        resume_seq=resumes[cid],
                         takeover_latency_ms=latency_ms,
-                        advanced_at_ms=advances[item.connection_id],
+                        advanced_at_ms=advances[cid],
                     )
         return results
 

@@ -517,6 +517,54 @@ def test_a_batch_refused_for_one_changed_item_is_taken_apart(sessions, store, co
         assert read(cid).lease_owner == "w2"
 
 
+class _BeforeBatchGet:
+    """A DynamoDB client that runs ``before`` ahead of its next ``BatchGetItem``: a
+    write ordered exactly between a takeover's transaction and its batch read."""
+
+    def __init__(self, client: Any, before: Callable[[], None]) -> None:
+        self._client = client
+        self._before: Callable[[], None] | None = before
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def batch_get_item(self, **kwargs: Any) -> Any:
+        before, self._before = self._before, None
+        if before is not None:
+            before()
+        return self._client.batch_get_item(**kwargs)
+
+
+def test_a_batched_takeover_never_pairs_a_new_stream_with_the_old_resume_point(
+    ddb, table, sessions, store, control, read
+):
+    """F2: between the takeover's transaction and its batch read, the router stops the
+    connection and starts it again on a new URL (a new stream: ``last_seq`` reset,
+    ``seq_gen`` moved). The lease must resume the new stream from its own start,
+    not from the old stream's page entry: seqs 1..40 of the new stream would reach
+    no handler."""
+    session_owning(sessions, store, control, ["f"])
+    assert sessions.write_page(
+        "w1", 1, {"f": PageEntry(epoch=1, seq_gen=0, seq=40, advanced_at_ms=T0)}, T0 + 1
+    )
+    assert sessions.reap(session_of(sessions, "w1"), "w2", LAPSED)
+    seen = eventually(lambda: store.owned_by("w1", 1), lambda found: len(found) == 1)
+    new_url = URL + "/new"
+
+    def restart_on_a_new_stream() -> None:
+        assert control.stop("f", LAPSED + 2) is StopOutcome.STOPPED
+        assert control.start("f", new_url, LAPSED + 3).outcome is StartOutcome.RESTARTED
+
+    taker = LeaseStore(_BeforeBatchGet(ddb, restart_on_a_new_stream), table, TIMING)
+    results = taker.take_over_many(seen, "w2", 1, sessions.read_page("w1", 1), LAPSED + 1)
+    lease = results["f"]
+    assert isinstance(lease, Lease), lease
+    item = read("f")
+    assert (item.ws_url, item.seq_gen, item.last_seq) == (new_url, 1, 0)
+    assert (lease.ws_url, lease.seq_gen, lease.last_seq) == (new_url, 1, 0)
+    assert lease.advanced_at_ms is None  # the old stream's advance says nothing of this one
+
+
 def test_two_batched_takers_racing_take_each_connection_once(sessions, store, control, read):
     ids = [f"x{n:02d}" for n in range(60)]
     session_owning(sessions, store, control, ids)

@@ -29,6 +29,7 @@ from wsfleet.lease_rules import (
     failing_cleared_update,
     failing_since_update,
     fence_deadline,
+    lease_after_takeover,
     lease_won,
     may_handle,
     park_failure,
@@ -243,6 +244,36 @@ def test_lease_won_overrides(kwargs, epoch, last_seq, latency):
     won = lease_won(conn(OLD), ME, GEN, **kwargs)
     assert (won.epoch, won.last_seq, won.takeover_latency_ms) == (epoch, last_seq, latency)
     assert (won.session_gen, won.seq_gen, won.start_gen) == (GEN, 2, 4)
+
+
+@pytest.mark.parametrize(
+    ("current", "last_seq", "advanced"),
+    [
+        # The stream the takeover conditioned on: its resume point and advance.
+        (owned(ME, GEN, lease_epoch=7, last_seq=31, seq_gen=2), 55, NOW - 9),
+        # Restarted on a new stream since the write: the router's reset, no advance.
+        (
+            owned(ME, GEN, lease_epoch=7, last_seq=0, seq_gen=3, ws_url="wss://feed.example/new"),
+            0,
+            None,
+        ),
+    ],
+)
+def test_a_takeovers_resume_point_counts_only_for_the_stream_it_was_chosen_for(
+    current, last_seq, advanced
+):
+    got = lease_after_takeover(
+        conn(OLD),
+        conn(current),
+        ME,
+        GEN,
+        resume_seq=55,
+        takeover_latency_ms=12,
+        advanced_at_ms=NOW - 9,
+    )
+    assert (got.last_seq, got.advanced_at_ms) == (last_seq, advanced)
+    assert (got.epoch, got.ws_url, got.seq_gen) == (7, conn(current).ws_url, conn(current).seq_gen)
+    assert got.takeover_latency_ms == 12
 
 
 def test_a_new_owner_without_a_failing_mark_starts_no_failing_clock():
