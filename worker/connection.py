@@ -47,6 +47,7 @@ from worker.connection_state import Call, ConnectionState, Ending, Failure, Fram
 from worker.credentials import NO_CREDENTIALS, Credentials, SecretCache, SecretError
 from worker.delivery import AnyHandler, Delivery, batch_call, make_delivery
 from worker.metrics import FleetMetrics
+from worker.releasing import release_within_budget
 from worker.upstream_failures import FailingClock, Verdict, describe
 from worker.upstream_health import UpstreamHealth
 from worker.upstream_protocol import (
@@ -371,57 +372,31 @@ class ConnectionRunner:
         return self.state.stopping
 
     async def _release(self) -> Released | None:
-        """Release with the final checkpoint, retrying errors (throttling, timeouts)
-        with backoff for up to the release budget; None when it never got an answer."""
-        loop = asyncio.get_running_loop()
+        """Release (or park) with the final checkpoint, retrying errors for up to the
+        release budget; None when it never got an answer."""
         s = self._s
-        give_up_at = loop.time() + s.timing.release_budget
-        delays = backoff_delays(
-            initial=0.05, maximum=max(0.05, s.timing.heartbeat / 2), rng=s.rng.random
-        )
-        while True:
-            try:
-                if self.parked_reason is not None:
-                    released = await loop.run_in_executor(
-                        None,
-                        s.store.park,
-                        self.lease,
-                        self.checkpoint,
-                        self.parked_reason,
-                        s.wall_ms(),
-                    )
-                else:
-                    # A stream that cannot resume leaves when it last moved, for the
-                    # next owner's gap.
-                    advanced = None if self._resumable else self._advanced_at_ms()
-                    extra: dict[str, Any] = {} if advanced is None else {"advanced_at_ms": advanced}
-                    released = await loop.run_in_executor(
-                        None,
-                        functools.partial(
-                            s.store.release, self.lease, self.checkpoint, s.wall_ms(), **extra
-                        ),
-                    )
-            except Exception as error:
-                delay = next(delays)
-                if loop.time() + delay >= give_up_at:
-                    # The connection stays owned by this session: the next reconcile
-                    # finds it among its own entries, not run, and releases it then.
-                    log.error(
-                        "release failed; giving up",
-                        extra={"connection_id": self.connection_id, "error": repr(error)},
-                    )
-                    return None
-                log.warning(
-                    "release failed, retrying",
-                    extra={"connection_id": self.connection_id, "error": repr(error)},
-                )
-                await asyncio.sleep(delay)
-                continue
-            if released.released:
-                s.metrics.count(m.LEASES_RELEASED)
-            if released.parked:
-                s.metrics.count(m.CONNECTIONS_FAILED)
-            return released
+        if self.parked_reason is not None:
+            write = functools.partial(
+                s.store.park, self.lease, self.checkpoint, self.parked_reason, s.wall_ms()
+            )
+        else:
+            # A stream that cannot resume leaves when it last moved, for the next
+            # owner's gap.
+            advanced = None if self._resumable else self._advanced_at_ms()
+            extra: dict[str, Any] = {} if advanced is None else {"advanced_at_ms": advanced}
+            write = functools.partial(
+                s.store.release, self.lease, self.checkpoint, s.wall_ms(), **extra
+            )
+        released = await release_within_budget(write, self.connection_id, s.timing, s.rng)
+        if released is None:
+            # The connection stays owned by this session: the next reconcile finds it
+            # among its own entries, not run, and releases it then.
+            return None
+        if released.released:
+            s.metrics.count(m.LEASES_RELEASED)
+        if released.parked:
+            s.metrics.count(m.CONNECTIONS_FAILED)
+        return released
 
     # --- reading -----------------------------------------------------------------------
 

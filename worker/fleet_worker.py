@@ -6,6 +6,7 @@ hints, then retire the session)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -25,6 +26,7 @@ from worker.credentials import SecretCache
 from worker.delivery import AnyHandler
 from worker.metrics import FleetMetrics
 from worker.reconciler import Reconciler
+from worker.releasing import release_within_budget
 from worker.session import SessionEvents, SessionKeeper
 from worker.start_queue import StartConsumer, StartQueue
 from worker.upstream_protocol import UpstreamProtocol
@@ -103,6 +105,14 @@ class Worker:
         own entries instead of waiting for its turn."""
         self._closing = False
         self._session_gen = 0
+        """The latest session's generation (the next open takes the one after it)."""
+        self._session_live = False
+        """The latest session is open and not known to be reaped: work is taken and
+        run under it, and under no other."""
+        self._suspect_gens: dict[int, float] = {}
+        """Earlier sessions of this worker under which a write may have landed unseen
+        (an acquire or takeover without an answer, a give-back that never got one),
+        with when that was last so: the own-check lists their entries too."""
         self._deadline = 0.0
         """The session's fence deadline (loop time): no handler call at or after it."""
         self._keeper: SessionKeeper | None = None
@@ -175,8 +185,31 @@ class Worker:
 
     @property
     def session_gen(self) -> int:
-        """The generation of the open session (0 while none is open)."""
-        return self._session_gen
+        """The generation of the live session (0 while none is open, and from a reap
+        until the next one is open)."""
+        return self._session_gen if self._session_live else 0
+
+    def own_generations(self) -> list[int]:
+        """The sessions whose ``by-owner`` entries the own-check lists: the live one,
+        and earlier ones under which a write may have landed unseen."""
+        live = [self.session_gen] if self.session_gen else []
+        return live + sorted(g for g in self._suspect_gens if g != self.session_gen)
+
+    def own_check_found(self, gen: int, entries: int, checked_at: float) -> None:
+        """The own-check listed ``entries`` under the earlier session ``gen`` at
+        ``checked_at`` (monotonic): once it lists none, a release budget after the
+        last write that might land there, that session is settled."""
+        marked = self._suspect_gens.get(gen)
+        if marked is None or gen == self.session_gen:
+            self._suspect_gens.pop(gen, None)
+            return
+        if entries == 0 and checked_at - marked >= self.config.timing.release_budget:
+            del self._suspect_gens[gen]
+
+    def _suspect(self, gen: int) -> None:
+        self._doubt = True
+        if gen:
+            self._suspect_gens[gen] = time.monotonic()
 
     def load(self) -> tuple[int, int]:
         """Connections run now, and the capacity the session publishes (0 while closing)."""
@@ -229,13 +262,14 @@ class Worker:
     def _session_ready(self) -> bool:
         """A session is open and was renewed recently enough to take work under it."""
         now = asyncio.get_running_loop().time()
-        return self._session_gen > 0 and self._deadline - now > self.config.timing.heartbeat
+        return self.session_gen > 0 and self._deadline - now > self.config.timing.heartbeat
 
     async def acquire(self, connection_id: str) -> AcquireResult:
         """Try to take ``connection_id`` (free, from a start hint or the unowned index)."""
-        gen = self._session_gen
+        gen = self.session_gen
         return await self._take(
             connection_id,
+            gen,
             lambda: self._store.acquire(connection_id, self.worker_id, gen, self._wall_ms()),
         )
 
@@ -243,7 +277,7 @@ class Worker:
         self, seen: ConnectionItem, session: SessionItem, page: CheckpointPage | None
     ) -> AcquireResult:
         """Take a STARTED connection of a DEAD session, resuming from its page."""
-        gen = self._session_gen
+        gen = self.session_gen
 
         def attempt() -> Lease | AcquireRefusal | TakeoverStep:
             now_ms = self._wall_ms()
@@ -256,7 +290,31 @@ class Worker:
                 latency_ms=session_rules.takeover_latency_ms(session, now_ms),
             )
 
-        return await self._take(seen.connection_id, attempt)
+        return await self._take(seen.connection_id, gen, attempt)
+
+    async def _give_back_unrun(self, lease: Lease) -> None:
+        """Release a lease that was never run: conditional on owner and epoch, and
+        without a checkpoint, since nothing was handled under it."""
+        log.warning(
+            "lease won under a session that is no longer live: giving it back unrun",
+            extra={
+                "connection_id": lease.connection_id,
+                "epoch": lease.epoch,
+                "session_gen": lease.session_gen,
+                "live_session_gen": self.session_gen,
+            },
+        )
+        self._released[lease.connection_id] = time.monotonic()
+        released = await release_within_budget(
+            functools.partial(self._store.release, lease, None, self._wall_ms()),
+            lease.connection_id,
+            self.config.timing,
+            self._rng,
+        )
+        if released is None:
+            self._suspect(lease.session_gen)
+        elif released.released:
+            self.metrics.count(m.LEASES_RELEASED)
 
     async def release_stray(self, seen: ConnectionItem) -> None:
         """Release a connection this session owns but does not run."""
@@ -267,7 +325,7 @@ class Worker:
             start_gen=seen.start_gen,
             ws_url=seen.ws_url,
             last_seq=seen.last_seq,
-            session_gen=self._session_gen,
+            session_gen=seen.owner_session_gen or 0,
             seq_gen=seen.seq_gen,
         )
         loop = asyncio.get_running_loop()
@@ -281,6 +339,7 @@ class Worker:
     async def _take(
         self,
         connection_id: str,
+        gen: int,
         attempt: Callable[[], Lease | AcquireRefusal | TakeoverStep],
     ) -> AcquireResult:
         """Take ``connection_id`` with ``attempt`` (an acquire or a takeover); at most
@@ -298,7 +357,7 @@ class Worker:
         if not self.capacity.try_reserve():
             return AcquireResult.NO_CAPACITY
         task = asyncio.create_task(
-            self._attempt(connection_id, attempt), name=f"acquire:{connection_id}"
+            self._attempt(connection_id, gen, attempt), name=f"acquire:{connection_id}"
         )
         self._acquiring[connection_id] = task
         task.add_done_callback(lambda _: self._acquiring.pop(connection_id, None))
@@ -307,13 +366,14 @@ class Worker:
     async def _attempt(
         self,
         connection_id: str,
+        gen: int,
         attempt: Callable[[], Lease | AcquireRefusal | TakeoverStep],
     ) -> AcquireResult:
         loop = asyncio.get_running_loop()
         try:
             result = await loop.run_in_executor(None, attempt)
         except BaseException:
-            self._doubt = True
+            self._suspect(gen)
             await self.capacity.release()
             raise
         return await self._run_taken(connection_id, result)
@@ -326,9 +386,14 @@ class Worker:
         if not isinstance(result, Lease):
             await self.capacity.release()
             return _REFUSALS[result]
-        if result.session_gen != self._session_gen:
-            # Taken under a session that was reaped meanwhile: its sweepers move it.
-            await self.capacity.release()
+        if result.session_gen != self.session_gen:
+            # Won under a session that was reaped while the write was on its way: it
+            # is never run (no renew of another session proves that one), and given
+            # back at once, so that neither a forgotten session nor nobody holds it.
+            try:
+                await self._give_back_unrun(result)
+            finally:
+                await self.capacity.release()
             return AcquireResult.HELD
         self.metrics.count(m.LEASES_ACQUIRED)
         if result.takeover_latency_ms is not None:
@@ -368,7 +433,7 @@ class Worker:
             chosen.append(item)
         if not chosen:
             return []
-        gen = self._session_gen
+        gen = self.session_gen
 
         def attempt(chunk: list[ConnectionItem]) -> dict[str, Lease | TakeoverStep]:
             now_ms = self._wall_ms()
@@ -381,7 +446,7 @@ class Worker:
                 latency_ms=session_rules.takeover_latency_ms(session, now_ms),
             )
 
-        batch = asyncio.create_task(self._attempt_many(chosen, attempt), name="take-over")
+        batch = asyncio.create_task(self._attempt_many(chosen, gen, attempt), name="take-over")
         for item in chosen:
             self._acquiring[item.connection_id] = batch
         try:
@@ -394,6 +459,7 @@ class Worker:
     async def _attempt_many(
         self,
         chosen: list[ConnectionItem],
+        gen: int,
         attempt: Callable[[list[ConnectionItem]], dict[str, Lease | TakeoverStep]],
     ) -> list[str]:
         """The transactions of one takeover run one after the other (side by side they
@@ -411,7 +477,7 @@ class Worker:
             except BaseException:
                 # Unknown outcome: whatever landed is owned by this session and run by
                 # nobody; the next reconcile releases it as a stray.
-                self._doubt = True
+                self._suspect(gen)
                 for _ in chunk:
                     await self.capacity.release()
                 raise
@@ -508,6 +574,7 @@ class Worker:
             if not opened:
                 continue
             self._session_gen = gen
+            self._session_live = True
             self._deadline = lease_rules.fence_deadline(sent_at, timing)
             self._last_renew_sent = sent_at
             self._keeper = SessionKeeper(
@@ -538,7 +605,10 @@ class Worker:
             self._deadline, lease_rules.fence_deadline(sent_at, self.config.timing)
         )
         for runner in self._runners.values():
-            runner.session_renewed(sent_at)
+            # A renew proves its own session only: it extends only the runners whose
+            # lease that session owns.
+            if runner.lease.session_gen == gen:
+                runner.session_renewed(sent_at)
         fresh = set(notices) - self._notices_in_progress
         if fresh:
             self._notices_in_progress |= fresh
@@ -556,6 +626,7 @@ class Worker:
         from the last page). Open a new session and go on."""
         if gen != self._session_gen:
             return
+        self._session_live = False
         self.metrics.count(m.RENEW_FAILURES)
         log.error(
             "session reaped: its connections are lost",
@@ -662,7 +733,7 @@ class Worker:
     async def write_page(self) -> bool:
         """Write the session's page now; False when there was nothing new."""
         loop = asyncio.get_running_loop()
-        gen = self._session_gen
+        gen = self.session_gen
         now, now_ms = loop.time(), self._wall_ms()
         entries = {
             cid: runner.page_entry(now, now_ms)

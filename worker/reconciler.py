@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
@@ -60,6 +61,14 @@ class Owner(Protocol):
 
     @property
     def session_gen(self) -> int: ...
+
+    def own_generations(self) -> list[int]:
+        """The sessions of this worker whose entries the own-check lists."""
+        ...
+
+    def own_check_found(self, gen: int, entries: int, checked_at: float) -> None:
+        """What the own-check found under one of :meth:`own_generations`."""
+        ...
 
     def holds(self, connection_id: str) -> bool: ...
 
@@ -190,6 +199,15 @@ class Reconciler:
         if not session_rules.may_sweep(session, me, now_ms, grace_ms):
             return []
         entries = await self._call(self._store.owned_by, session.worker_id, session.session_gen)
+        listed = {s.key for s in sessions}
+        for gen in session_rules.unlisted_predecessors(session, listed):
+            # An acquire that landed under an earlier session of this worker after that
+            # session was forgotten, and that the worker never gave back: nobody else
+            # lists it, so whoever sweeps the worker's last session takes it too. The
+            # listing is eventually consistent: only a session that a strong read
+            # does not find is gone.
+            if await self._call(self._sessions.get_session, session.worker_id, gen) is None:
+                entries += await self._call(self._store.owned_by, session.worker_id, gen)
         seen = self._dead.setdefault(session.key, _DeadSession(now_ms))
         if not entries:
             if session_rules.may_forget(seen.last_entries_seen_ms, now_ms, timing):
@@ -256,7 +274,12 @@ class Reconciler:
         return False
 
     async def release_strays(self) -> None:
-        entries = await self._own_entries()
+        entries: list[ConnectionItem] = []
+        for gen in self._owner.own_generations():
+            checked_at = time.monotonic()
+            found = await self._own_entries(gen)
+            self._owner.own_check_found(gen, len(found), checked_at)
+            entries += found
         await self._owner.recheck_changed(entries)
         for item in entries:
             cid = item.connection_id
@@ -268,11 +291,11 @@ class Reconciler:
             )
             await self._owner.release_stray(item)
 
-    async def _own_entries(self) -> list[ConnectionItem]:
-        """This session's ``by-owner`` entries, :data:`OWN_PAGE` at a time, one page per
-        executor call: the event loop runs between the pages."""
+    async def _own_entries(self, gen: int) -> list[ConnectionItem]:
+        """The ``by-owner`` entries of this worker's session ``gen``, :data:`OWN_PAGE`
+        at a time, one page per executor call: the event loop runs between the pages."""
         entries: list[ConnectionItem] = []
-        for key in schema.owner_keys(self._owner.worker_id, self._owner.session_gen):
+        for key in schema.owner_keys(self._owner.worker_id, gen):
             start: dict[str, Any] | None = None
             while True:
                 page, start = await self._call(self._store.owned_page, key, start, OWN_PAGE)

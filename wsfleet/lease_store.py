@@ -250,15 +250,21 @@ class LeaseStore:
         return True
 
     def release(
-        self, lease: Lease, last_seq: int, now_ms: int, *, advanced_at_ms: int | None = None
+        self,
+        lease: Lease,
+        last_seq: int | None,
+        now_ms: int,
+        *,
+        advanced_at_ms: int | None = None,
     ) -> Released:
         """Give the connection back with the final checkpoint (kept only while
-        ``seq_gen`` is unchanged) and, when given, the time it last moved; a STARTED one
-        goes into the unowned index in the same write. Errors other than a failed
-        condition propagate: the outcome is then unknown and the caller may try again
-        (the write is conditional on owner and epoch, so a retry can never free a newer
+        ``seq_gen`` is unchanged; None: no checkpoint, nothing was handled under this
+        lease) and, when given, the time it last moved; a STARTED one goes into the
+        unowned index in the same write. Errors other than a failed condition
+        propagate: the outcome is then unknown and the caller may try again (the
+        write is conditional on owner and epoch, so a retry can never free a newer
         hold)."""
-        variant = ReleaseVariant(started=True, with_checkpoint=True)
+        variant = ReleaseVariant(started=True, with_checkpoint=last_seq is not None)
         for _ in range(self._ATTEMPTS):
             update = lease_rules.release_update(
                 lease,

@@ -287,6 +287,25 @@ def takeover_share(
     return list(reversed(excess))[:free]
 
 
+PREDECESSORS_SWEPT = 3
+"""How many of a worker's earlier sessions the sweep of its DEAD session also lists."""
+
+
+def unlisted_predecessors(
+    session: SessionItem, listed: Iterable[tuple[str, int]], depth: int = PREDECESSORS_SWEPT
+) -> list[int]:
+    """The generations of the same worker's earlier sessions, up to ``depth`` back,
+    that are no longer listed (forgotten). A worker's generations only go up, and a
+    new one is opened only after the one before was reaped (or never opened), so an
+    earlier session that is not listed was DEAD and deleted: anything still owned by
+    it is owned by nobody alive, and is swept like the DEAD session's own."""
+    known = set(listed)
+    first = max(1, session.session_gen - depth)
+    return [
+        gen for gen in range(first, session.session_gen) if (session.worker_id, gen) not in known
+    ]
+
+
 REAPER_FALLBACK_LEASES = 4
 """How long after a reap the others wait for a reaper that is alive but has not taken
 its share (stuck, or slow with hundreds of takeovers), in leases, before anyone takes

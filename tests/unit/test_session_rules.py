@@ -670,3 +670,24 @@ def test_an_offer_adds_every_token_to_a_live_session_only(item, notices):
         assert new is not None
         assert set(new["notices"]["SS"]) == notices
         assert len(new["notices"]["SS"]) == len(notices)
+
+
+def _listed(*keys: tuple[str, int]) -> set[tuple[str, int]]:
+    return set(keys)
+
+
+@pytest.mark.parametrize(
+    ("gen", "listed", "expected"),
+    [
+        (1, _listed(), []),  # a first session has no predecessor
+        (2, _listed(), [1]),
+        (2, _listed(("w", 1)), []),  # still listed: swept as itself, if DEAD
+        (5, _listed(("w", 3)), [2, 4]),  # up to three back
+        (5, _listed(("other", 4)), [2, 3, 4]),  # another worker's generation
+    ],
+)
+def test_the_sweep_of_a_dead_session_lists_the_workers_forgotten_predecessors(
+    gen, listed, expected
+):
+    dead = SessionItem("w", gen, schema.DEAD, expires_at_ms=0, reaped_at_ms=1, reaped_by="x")
+    assert session_rules.unlisted_predecessors(dead, listed) == expected

@@ -1,0 +1,131 @@
+"""The worker's ownership rules under interleavings that a test orders explicitly: a
+real :class:`Worker` in this process against DynamoDB Local, with its store calls
+held and let go at chosen moments (tests.support.in_process)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.support.in_process import SCALED_TIMING, InProcessWorker, in_process_worker, until
+from tests.support.timing import scaled
+from wsfleet.desired_state import DesiredStateStore
+from wsfleet.item import ConnectionItem
+from wsfleet.item_io import get_connection
+from wsfleet.lease_store import LeaseStore
+from wsfleet.session_store import SessionStore
+
+pytestmark = pytest.mark.timeout(scaled(90))
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def reap_from_outside(ddb, table: str, running: InProcessWorker, gen: int) -> None:
+    """Another worker marks the session DEAD (its clock a lease ahead, so that the
+    session counts as lapsed)."""
+    sessions = SessionStore(ddb, table, running.worker.config.timing)
+    session = sessions.get_session(running.worker.worker_id, gen)
+    assert session is not None
+    assert session.alive
+    timing = running.worker.config.timing
+    assert sessions.reap(session, "another-worker", now_ms() + timing.lease_ms + 500)
+
+
+def item(ddb, table: str, connection_id: str) -> ConnectionItem:
+    got = get_connection(ddb, table, connection_id)
+    assert got is not None
+    return got
+
+
+@pytest.fixture
+def in_process(ddb, table, sqs, queues, tmp_path):
+    def start(**kwargs):
+        return in_process_worker(ddb, table, sqs, queues.queue_url, tmp_path, **kwargs)
+
+    return start
+
+
+async def test_f1_a_lease_won_under_a_session_reaped_meanwhile_is_never_run(
+    ddb, table, control: DesiredStateStore, in_process, feed_url
+):
+    """F1: an acquire waits (here: held before it is sent) while the session is
+    reaped; it then lands under the DEAD session. It must not be run (the next
+    session's renews would keep it alive while the reaper's sweepers run it too):
+    it is given back at once, and taken again under the next session."""
+    async with in_process() as running:
+        await until(lambda: running.worker.session_gen == 1, what="session 1 open")
+        acquires = running.store.hold("acquire")
+        control.start("c1", f"{feed_url}/c1", now_ms())
+        await acquires.entered_async()
+        opens = running.sessions.hold("open")
+        reap_from_outside(ddb, table, running, 1)
+        await opens.entered_async()  # the worker saw the reap: the next open waits
+        acquires.release()
+        # The acquire landed under session 1 (epoch 1): given back without a run.
+        await until(
+            lambda: item(ddb, table, "c1").lease_owner is None,
+            what="the lease won under the reaped session given back",
+        )
+        assert item(ddb, table, "c1").lease_epoch == 1
+        assert "c1" not in running.worker.owned()  # no runner
+        opens.release()
+        await until(lambda: running.handler.deliveries, what="deliveries under session 2")
+        assert {d.epoch for d in running.handler.deliveries} == {2}
+        assert item(ddb, table, "c1").owner_session_gen == 2
+
+
+async def test_f1_a_lease_landing_after_its_session_was_forgotten_is_given_back(
+    ddb, table, control: DesiredStateStore, in_process, feed_url
+):
+    """F1: the acquire lands after the reaped session was swept and forgotten. Left
+    alone, the connection would stay owned by a session item that no longer exists,
+    which nobody sweeps: no worker would ever run it again."""
+    sessions = SessionStore(ddb, table, SCALED_TIMING)
+    async with in_process() as running:
+        await until(lambda: running.worker.session_gen == 1, what="session 1 open")
+        acquires = running.store.hold("acquire")
+        control.start("c2", f"{feed_url}/c2", now_ms())
+        await acquires.entered_async()
+        worker_id = running.worker.worker_id
+        reap_from_outside(ddb, table, running, 1)
+        await until(lambda: running.worker.session_gen == 2, what="session 2 open")
+        # Another worker swept the reaped session, found nothing, and forgot it.
+        dead = sessions.get_session(worker_id, 1)
+        assert dead is not None
+        assert sessions.forget(dead)
+        acquires.release()
+        await until(
+            lambda: item(ddb, table, "c2").owner_session_gen == running.worker.session_gen > 1,
+            what="the connection owned by the live session",
+        )
+        await until(lambda: running.handler.deliveries, what="deliveries")
+        assert {d.epoch for d in running.handler.deliveries} == {2}
+
+
+async def test_f1_a_connection_owned_by_a_forgotten_session_is_taken_over(
+    ddb, table, control: DesiredStateStore, in_process, feed_url
+):
+    """F1: a worker's acquire landed under its session 1 after that session was
+    forgotten, and the worker died before giving it back; its session 2 is reaped.
+    Whoever sweeps session 2 also takes what is still owned by the worker's earlier,
+    forgotten sessions: otherwise nobody ever takes that connection again."""
+    sessions = SessionStore(ddb, table, SCALED_TIMING)
+    store = LeaseStore(ddb, table, SCALED_TIMING)
+    t0 = now_ms() - 60_000  # session 2 lapsed a minute ago
+    control.start("c3", f"{feed_url}/c3", t0)
+    assert store.acquire("c3", "gone-worker", 1, t0)  # session 1: no item any more
+    assert sessions.open("gone-worker", 2, t0, capacity=10)
+    session = sessions.get_session("gone-worker", 2)
+    assert session is not None
+    assert sessions.reap(session, "another-worker", now_ms())
+    async with in_process() as running:
+        await until(
+            lambda: item(ddb, table, "c3").lease_owner == running.worker.worker_id,
+            within=15,
+            what="the forgotten session's connection taken over",
+        )
+        await until(lambda: running.handler.deliveries, what="deliveries")
+        assert {d.epoch for d in running.handler.deliveries} == {2}
