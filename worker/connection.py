@@ -150,6 +150,8 @@ class ConnectionRunner:
         self._cut = False
         """The watchdog cut the call in flight (its task has a cancel request of ours)."""
         self._closed: asyncio.Task[None] | None = None
+        self.outcome: Outcome | None = None
+        """How the connection ended, once it has (also when :meth:`run` was cancelled)."""
         self.failing = FailingClock(
             fail_after_ms=round(settings.fail_after * 1000),
             failing_since_ms=lease.failing_since_ms,
@@ -226,35 +228,52 @@ class ConnectionRunner:
 
     async def run(self) -> Outcome:
         """Run until the connection ends, then release it (when the ending says so)
-        with the final checkpoint. Cancelling ``run`` cuts the wait for the handler
-        call in flight short, but the release still happens before it returns."""
+        with the final checkpoint, and return how it ended.
+
+        Cancelling ``run`` cuts the wait for the handler call in flight short, but
+        the connection still ends in order, its release included, and only then is
+        the cancellation raised; the outcome is then in :attr:`outcome`."""
         reader = asyncio.create_task(self._read_loop(), name=f"read:{self.connection_id}")
         reader.add_done_callback(self._task_ended)
+        cancelled = False
         try:
-            ending = await self._ended
+            # Shielded: a cancellation must not cancel the ending's own future.
+            ending = await asyncio.shield(self._ended)
             # Order (docs/DESIGN.md §3.3): stop reading, let the handler call in flight
             # finish by the deadline fixed at the stop, then release with the final
             # checkpoint. A reaped session stops at once.
             if ending.graceful:
                 await self._drain()
-        finally:
-            # Every path, cancellation included: a graceful stop that is cancelled
-            # still gives the lease back with what was handled.
-            self._end(Ending.SHUTDOWN)
-            ending = self._ended.result()
-            reader.cancel()
-            await self._quiesce()
-            if self._watchdog is not None:
-                self._watchdog.cancel()
-                self._watchdog = None
-            released = await self._release() if ending.releases else None
-            # The upstream socket may take a moment to close (its close handshake
-            # waits behind frames that piled up); the release and the handoff do not
-            # wait for it: nothing can be handled on it any more.
-            self._closed = asyncio.create_task(
-                self._join(reader), name=f"close:{self.connection_id}"
-            )
-            self._log_end(ending, released)
+        except asyncio.CancelledError:
+            # A graceful stop that is cancelled still gives the lease back with what
+            # was handled.
+            cancelled = True
+        finish = asyncio.ensure_future(self._finish(reader))
+        while not finish.done():
+            try:
+                await asyncio.shield(finish)
+            except asyncio.CancelledError:
+                cancelled = True  # cancelled again: the ending still completes
+        self.outcome = finish.result()
+        if cancelled:
+            raise asyncio.CancelledError
+        return self.outcome
+
+    async def _finish(self, reader: asyncio.Task[None]) -> Outcome:
+        """End the connection: stop reading, wait for the call in flight, release."""
+        self._end(Ending.SHUTDOWN)
+        ending = self._ended.result()
+        reader.cancel()
+        await self._quiesce()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        released = await self._release() if ending.releases else None
+        # The upstream socket may take a moment to close (its close handshake waits
+        # behind frames that piled up); the release and the handoff do not wait for
+        # it: nothing can be handled on it any more.
+        self._closed = asyncio.create_task(self._join(reader), name=f"close:{self.connection_id}")
+        self._log_end(ending, released)
         return Outcome(
             ending,
             released is not None and released.released,

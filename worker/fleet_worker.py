@@ -497,12 +497,19 @@ class Worker:
         return taken
 
     async def _own(self, runner: ConnectionRunner) -> None:
+        """Run one connection, then give its slot back and do what its ending asks
+        for, on every path: a cancelled runner still ends in order (released with its
+        checkpoint), and so does this, before the cancellation is raised."""
         connection_id = runner.connection_id
+        outcome: Outcome | None = None
+        cancelled = False
         try:
-            outcome: Outcome | None = await runner.run()
+            outcome = await runner.run()
+        except asyncio.CancelledError:
+            cancelled = True
+            outcome = runner.outcome
         except Exception:
             log.exception("connection runner crashed", extra={"connection_id": connection_id})
-            outcome = None
         finally:
             del self._runners[connection_id]
             self._released[connection_id] = time.monotonic()
@@ -517,6 +524,8 @@ class Worker:
         if outcome is not None and outcome.released:
             await self._after_release(connection_id, outcome)
         await runner.wait_closed()
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def _after_release(self, connection_id: str, outcome: Outcome) -> None:
         if outcome.ending is Ending.HANDED_OFF:

@@ -4,6 +4,7 @@ held and let go at chosen moments (tests.support.in_process)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -129,3 +130,23 @@ async def test_f1_a_connection_owned_by_a_forgotten_session_is_taken_over(
         )
         await until(lambda: running.handler.deliveries, what="deliveries")
         assert {d.epoch for d in running.handler.deliveries} == {2}
+
+
+async def test_f7_a_runner_cancelled_is_released_with_its_checkpoint_and_gives_its_slot_back(
+    ddb, table, control: DesiredStateStore, in_process, feed_url
+):
+    """F7: cancelling a connection's task (as the shutdown does with a runner still
+    going after its budget) must still end it in order: released with the
+    checkpoint of what was handled, its slot given back."""
+    async with in_process() as running:
+        worker = running.worker
+        control.start("c7", f"{feed_url}/c7", now_ms())
+        await until(lambda: len(running.handler.deliveries) >= 5, what="deliveries")
+        (task,) = [t for t in worker._owning if t.get_name() == "own:c7"]
+        task.cancel()
+        await asyncio.wait([task], timeout=scaled(10))
+        assert task.done()
+        assert worker.capacity.used == 0
+        stored = item(ddb, table, "c7")
+        assert stored.lease_owner is None
+        assert stored.last_seq == running.handler.deliveries[-1].seq
