@@ -92,6 +92,9 @@ class Outcome:
     restarted: bool = False
     """Started again by the router under a newer generation, seen by a notice or the
     release: the worker takes it again at once."""
+    unanswered: PageEntry | None = None
+    """The ending released, but the release never got an answer: the final checkpoint
+    (as a page entry), which the worker keeps until a release of it is answered."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,11 +277,15 @@ class ConnectionRunner:
         # it: nothing can be handled on it any more.
         self._closed = asyncio.create_task(self._join(reader), name=f"close:{self.connection_id}")
         self._log_end(ending, released)
+        unanswered = None
+        if ending.releases and released is None:
+            unanswered = self.page_entry(self._now(), self._s.wall_ms())
         return Outcome(
             ending,
             released is not None and released.released,
             self.checkpoint,
             restarted=ending is Ending.RESTARTED or (released is not None and released.restarted),
+            unanswered=unanswered,
         )
 
     # --- ending ------------------------------------------------------------------------

@@ -99,6 +99,11 @@ class Worker:
         self._handing_off: dict[str, asyncio.Future[bool]] = {}
         """Connections being handed off: whether their release landed."""
         self._released: dict[str, float] = {}
+        self._unanswered: dict[str, PageEntry] = {}
+        """Final checkpoints of releases that never got an answer: the connection may
+        still be this worker's, so its checkpoint stays on the page, and the stray
+        release of the own-check writes it (instead of the older ``last_seq`` the
+        index shows)."""
         self._doubt = False
         """A write whose outcome is unknown (an acquire or takeover that raised, a
         release that never got an answer): the next reconcile pass lists this session's
@@ -205,6 +210,12 @@ class Worker:
             return
         if entries == 0 and checked_at - marked >= self.config.timing.release_budget:
             del self._suspect_gens[gen]
+
+    def own_entries_listed(self, connection_ids: set[str]) -> None:
+        """The own-check listed these entries: an unanswered release whose connection
+        is no longer listed as this worker's has landed, or someone else holds it."""
+        for cid in set(self._unanswered) - connection_ids:
+            del self._unanswered[cid]
 
     def _suspect(self, gen: int) -> None:
         self._doubt = True
@@ -317,9 +328,12 @@ class Worker:
             self.metrics.count(m.LEASES_RELEASED)
 
     async def release_stray(self, seen: ConnectionItem) -> None:
-        """Release a connection this session owns but does not run."""
+        """Release a connection this session owns but does not run, with the final
+        checkpoint of its unanswered release when there was one for that hold."""
+        cid = seen.connection_id
+        kept = lease_rules.unanswered_checkpoint(self._unanswered.get(cid), seen)
         lease = Lease(
-            connection_id=seen.connection_id,
+            connection_id=cid,
             owner=self.worker_id,
             epoch=seen.lease_epoch,
             start_gen=seen.start_gen,
@@ -329,10 +343,11 @@ class Worker:
             seq_gen=seen.seq_gen,
         )
         loop = asyncio.get_running_loop()
-        self._released[seen.connection_id] = time.monotonic()
+        self._released[cid] = time.monotonic()
         released = await loop.run_in_executor(
-            None, self._store.release, lease, seen.last_seq, self._wall_ms()
+            None, self._store.release, lease, kept, self._wall_ms()
         )
+        self._unanswered.pop(cid, None)  # answered: released, or no longer ours
         if released.released:
             self.metrics.count(m.LEASES_RELEASED)
 
@@ -410,6 +425,7 @@ class Worker:
             },
         )
         runner = ConnectionRunner(self._settings, result, self._deadline)
+        self._unanswered.pop(connection_id, None)  # a new hold: the old one is settled
         self._runners[connection_id] = runner
         task = asyncio.create_task(self._own(runner), name=f"own:{connection_id}")
         self._owning.add(task)
@@ -515,6 +531,8 @@ class Worker:
             self._released[connection_id] = time.monotonic()
             if outcome is None or (outcome.ending.releases and not outcome.released):
                 self._doubt = True
+            if outcome is not None and outcome.unanswered is not None:
+                self._unanswered[connection_id] = outcome.unanswered
             await self.capacity.release()
             handing_off = self._handing_off.get(connection_id)
             if handing_off is not None and not handing_off.done():
@@ -749,6 +767,8 @@ class Worker:
             for cid, runner in self._runners.items()
             if runner.lease.session_gen == gen
         }
+        for cid, entry in self._unanswered.items():
+            entries.setdefault(cid, entry)
         # The times of the last advance move only with the seqs: leave them out, or a
         # rounding millisecond would count as news.
         checkpoints = {cid: replace(e, advanced_at_ms=None) for cid, e in entries.items()}

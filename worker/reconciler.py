@@ -70,6 +70,10 @@ class Owner(Protocol):
         """What the own-check found under one of :meth:`own_generations`."""
         ...
 
+    def own_entries_listed(self, connection_ids: set[str]) -> None:
+        """Every connection the own-check listed as this worker's."""
+        ...
+
     def holds(self, connection_id: str) -> bool: ...
 
     def recently_released(self, connection_id: str) -> bool: ...
@@ -280,6 +284,7 @@ class Reconciler:
             found = await self._own_entries(gen)
             self._owner.own_check_found(gen, len(found), checked_at)
             entries += found
+        self._owner.own_entries_listed({item.connection_id for item in entries})
         await self._owner.recheck_changed(entries)
         for item in entries:
             cid = item.connection_id

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from wsfleet import schema
+from wsfleet.checkpoint_page import PageEntry
 from wsfleet.item import ConnectionItem, to_attribute
 from wsfleet.timing import LeaseTiming
 
@@ -421,6 +422,15 @@ def release_retry(old: ConnectionItem, lease: Lease, with_checkpoint: bool) -> R
     return ReleaseVariant(
         started=old.started, with_checkpoint=with_checkpoint and old.seq_gen == lease.seq_gen
     )
+
+
+def unanswered_checkpoint(kept: PageEntry | None, seen: ConnectionItem) -> int:
+    """The checkpoint a stray release writes: the final one of the hold's release
+    that never got an answer, when ``kept`` belongs to the hold and stream listed
+    (``seen``: same epoch and ``seq_gen``) and is ahead; otherwise the listed one."""
+    if kept is None or kept.epoch != seen.lease_epoch or kept.seq_gen != seen.seq_gen:
+        return seen.last_seq
+    return max(seen.last_seq, kept.seq)
 
 
 # --- parking and the failing clock ------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.in_process import SCALED_TIMING, InProcessWorker, in_process_worker, until
 from tests.support.timing import scaled
+from wsfleet import session_rules
 from wsfleet.desired_state import DesiredStateStore
 from wsfleet.item import ConnectionItem
 from wsfleet.item_io import get_connection
@@ -150,3 +151,36 @@ async def test_f7_a_runner_cancelled_is_released_with_its_checkpoint_and_gives_i
         stored = item(ddb, table, "c7")
         assert stored.lease_owner is None
         assert stored.last_seq == running.handler.deliveries[-1].seq
+
+
+async def test_f6_a_release_without_an_answer_keeps_its_final_checkpoint(
+    ddb, table, control: DesiredStateStore, in_process, feed_url
+):
+    """F6: the release of a stopped connection never gets an answer. Its final
+    checkpoint must not be lost: it stays on the session's page (for a takeover
+    after a crash), and the own-check's stray release writes it, not the
+    ``last_seq`` the item had when the lease was taken (0: everything handled
+    during the hold would come again)."""
+    async with in_process() as running:
+        worker = running.worker
+        control.start("c6", f"{feed_url}/c6", now_ms())
+        await until(lambda: len(running.handler.deliveries) >= 5, what="deliveries")
+        running.store.fail("release")
+        control.stop("c6", now_ms())
+        sessions = SessionStore(ddb, table, SCALED_TIMING)
+        token = session_rules.notice_token("c6", "stop", now_ms(), "n1")
+        assert sessions.notify(worker.worker_id, worker.session_gen, token)
+        await until(lambda: "c6" not in worker.owned(), what="the runner ended")
+        handled = running.handler.deliveries[-1].seq
+        assert item(ddb, table, "c6").lease_owner == worker.worker_id  # not released
+        assert await worker.write_page()
+        page = sessions.read_page(worker.worker_id, worker.session_gen)
+        assert page is not None
+        assert page.entries["c6"].seq == handled
+        running.store.heal("release")
+        await until(
+            lambda: item(ddb, table, "c6").lease_owner is None,
+            within=15,
+            what="the stray released by the own-check",
+        )
+        assert item(ddb, table, "c6").last_seq == handled

@@ -59,6 +59,7 @@ class Gated:
     def __init__(self, target: Any) -> None:
         self._target = target
         self._holds: dict[str, Hold] = {}
+        self._failing: set[str] = set()
         self._lock = threading.Lock()
         self.calls: dict[str, int] = {}
 
@@ -68,6 +69,16 @@ class Gated:
         with self._lock:
             self._holds[name] = hold
         return hold
+
+    def fail(self, name: str) -> None:
+        """Every call of ``name`` raises (as a request with no answer would) until
+        :meth:`heal`."""
+        with self._lock:
+            self._failing.add(name)
+
+    def heal(self, name: str) -> None:
+        with self._lock:
+            self._failing.discard(name)
 
     def release_all(self) -> None:
         with self._lock:
@@ -83,9 +94,12 @@ class Gated:
         def call(*args: Any, **kwargs: Any) -> Any:
             with self._lock:
                 hold = self._holds.get(name)
+                failing = name in self._failing
                 self.calls[name] = self.calls.get(name, 0) + 1
             if hold is not None:
                 hold.pass_through()
+            if failing:
+                raise ConnectionError(f"{name}: no answer (injected)")
             return attribute(*args, **kwargs)
 
         return call

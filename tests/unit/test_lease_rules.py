@@ -13,6 +13,7 @@ import pytest
 
 from tests.unit.expressions import Item, attempt
 from wsfleet import schema
+from wsfleet.checkpoint_page import PageEntry
 from wsfleet.item import ConnectionItem, from_attributes, to_attribute
 from wsfleet.lease_rules import (
     MAX_REASON_CHARS,
@@ -40,6 +41,7 @@ from wsfleet.lease_rules import (
     restarted_since,
     takeover_failure,
     takeover_update,
+    unanswered_checkpoint,
 )
 from wsfleet.timing import LeaseTiming
 
@@ -862,3 +864,17 @@ def test_a_release_without_its_checkpoint_leaves_no_advance():
     new = attempt(update, owned(ME, GEN))
     assert new is not None
     assert "advanced_at_ms" not in new
+
+
+@pytest.mark.parametrize(
+    ("kept", "expected"),
+    [
+        (None, 10),  # no unanswered release: the listed checkpoint
+        (PageEntry(epoch=3, seq_gen=0, seq=90, advanced_at_ms=None), 90),  # that hold's
+        (PageEntry(epoch=2, seq_gen=0, seq=90, advanced_at_ms=None), 10),  # an older hold
+        (PageEntry(epoch=3, seq_gen=1, seq=90, advanced_at_ms=None), 10),  # another stream
+        (PageEntry(epoch=3, seq_gen=0, seq=4, advanced_at_ms=None), 10),  # never backwards
+    ],
+)
+def test_a_stray_release_writes_the_final_checkpoint_of_its_unanswered_release(kept, expected):
+    assert unanswered_checkpoint(kept, conn(owned())) == expected
