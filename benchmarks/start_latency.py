@@ -1,7 +1,7 @@
 """Start latency: from the API call to the first handled message; stop latency: from
 the API call to the upstream socket closed.
 
-``python -m benchmarks.start_latency [--starts 200] [--workers 2]``
+``python -m benchmarks.start_latency [--starts 200] [--workers 2] [--stops-at-once]``
 
 The router's Lambda handler is served over HTTP by the local adapter
 (``python -m local_stack.api_server``, its own process), exactly as ``run-local.sh``
@@ -13,6 +13,8 @@ connection is stopped (``DELETE``) and the feed's log tells when its socket clos
 Reported: the API call's own round trip, the whole start latency (call sent -> handler
 entered) and the stop latency (``DELETE`` sent -> the feed saw the socket close), p50,
 p99 and max. The feed sends a connection's first message as soon as it is opened.
+With ``--stops-at-once`` the stops are sent together (from 50 threads) instead of one
+after the other: a burst of stops reaching their owners in one session renew.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +52,6 @@ def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
         tracker = DeliveryTracker(deployment.record_dir)
         api: list[float] = []
         total: list[float] = []
-        stops: list[float] = []
         started: list[str] = []
         # One unmeasured start warms the router (imports, clients) and the workers.
         for i in range(-1, args.starts):
@@ -70,19 +72,30 @@ def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
                 total.append(handled - sent)
                 started.append(cid)
         feed_log = stack.feed_processes[0].log_path
-        for cid in started:
+
+        def stop(cid: str) -> float:
             sent = time.time()
             deployment.stop_connection(cid)
+            return sent
 
-            def closed(cid: str = cid, sent: float = sent) -> float | None:
+        def closed_after(cid: str, sent: float) -> float:
+            def closed() -> float | None:
                 done = [t for t in stream_events(feed_log, cid, "done") if t >= sent - 0.01]
                 return done[0] if done else None
 
-            stops.append(wait_until(closed, CLOSE_TIMEOUT_S, f"{cid} closed", 0.01) - sent)
+            return wait_until(closed, CLOSE_TIMEOUT_S, f"{cid} closed", 0.01) - sent
+
+        if args.stops_at_once:
+            with ThreadPoolExecutor(50) as pool:
+                sent_at = dict(zip(started, pool.map(stop, started), strict=True))
+            stops = [closed_after(cid, sent) for cid, sent in sent_at.items()]
+        else:
+            stops = [closed_after(cid, stop(cid)) for cid in started]
     return {
         "benchmark": "start_latency",
         "starts": args.starts,
         "workers": args.workers,
+        "stops_at_once": args.stops_at_once,
         "lease_s": TIMING.lease,
         "heartbeat_s": TIMING.heartbeat,
         "api_call_s": summary(api, 4),
@@ -110,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--starts", type=int, default=200)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--stops-at-once", action="store_true", help="send every stop together, not in turn"
+    )
     args = parser.parse_args(argv)
     try:
         with sigterm_as_interrupt(), tempfile.TemporaryDirectory(prefix="latency-") as tmp:
@@ -119,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     emit(
         f"start and stop latency, {args.starts} connections, {args.workers} workers"
+        f"{', stops at once' if args.stops_at_once else ''}"
         " (shipped defaults: lease 2.5 s, heartbeat 0.6 s)",
         render(result),
         result,

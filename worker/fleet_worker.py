@@ -668,15 +668,16 @@ class Worker:
 
     async def _act_on_notices(self, tokens: set[str]) -> None:
         """The router stopped or restarted some of this session's connections: read
-        each named item strongly and end its runner accordingly; the next renew
+        the named items strongly, in batches (a burst of stops costs a round trip per
+        hundred, not one each), and end their runners accordingly; the next renew
         removes the notices acted on."""
         acted: set[str] = set()
         offers = {t for t in tokens if session_rules.notice_kind(t) in session_rules.HANDOFFS}
         try:
             acted |= await self._take_offers(offers)
-            for token in tokens - offers:
-                if await self._recheck(session_rules.notice_connection_id(token)):
-                    acted.add(token)
+            others = tokens - offers
+            decided = await self._recheck({session_rules.notice_connection_id(t) for t in others})
+            acted |= {t for t in others if session_rules.notice_connection_id(t) in decided}
         finally:
             self._notices_in_progress -= tokens
             if self._keeper is not None and acted:
@@ -709,8 +710,9 @@ class Worker:
     async def recheck_changed(self, seen: list[ConnectionItem]) -> None:
         """Entries of this session's ``by-owner`` listing whose desired state or
         ``start_gen`` differ from what the runner was started with: a stop or a restart
-        whose notice never arrived (the router failed between its two writes). Each is
-        read strongly and acted on like a notice."""
+        whose notice never arrived (the router failed between its two writes). They
+        are read strongly and acted on like notices."""
+        changed = set()
         for item in seen:
             runner = self._runners.get(item.connection_id)
             if runner is None or (item.started and item.start_gen == runner.lease.start_gen):
@@ -719,33 +721,45 @@ class Worker:
                 "owned connection changed without a notice; checking it",
                 extra={"connection_id": item.connection_id},
             )
-            await self._recheck(item.connection_id)
+            changed.add(item.connection_id)
+        await self._recheck(changed)
 
-    async def _recheck(self, connection_id: str) -> bool:
-        """Read one connection strongly and end its runner if it was stopped, started
-        again, deleted or lost; False when it could not be decided now."""
-        if connection_id in self._acquiring:
-            return False  # decided by the acquire's own answer; look again later
-        runner = self._runners.get(connection_id)
-        if runner is None:
-            return True
+    async def _recheck(self, connection_ids: set[str]) -> set[str]:
+        """Read these connections strongly and end each runner that was stopped,
+        started again, deleted or lost; the ids decided (an id being acquired is
+        decided by the acquire's own answer, and none is when the read fails: both
+        are looked at again later)."""
+        pending = {cid for cid in connection_ids if cid not in self._acquiring}
+        decided = pending - set(self._runners)
+        running = sorted(pending & set(self._runners))
+        if not running:
+            return decided
+        # A runner started after the read belongs to a newer hold, which its own
+        # acquire decided: only the runners read about are acted on.
+        read_for = {cid: self._runners[cid] for cid in running}
         loop = asyncio.get_running_loop()
         try:
-            item = await loop.run_in_executor(None, self._store.get, connection_id)
+            items = await loop.run_in_executor(None, self._store.get_many, running)
         except Exception as error:
             log.warning(
-                "could not read a noticed connection",
-                extra={"connection_id": connection_id, "error": repr(error)},
+                "could not read noticed connections",
+                extra={"connections": len(running), "error": repr(error)},
             )
-            return False
-        ending = _notice_ending(item, runner.lease)
-        if ending is not None:
-            log.info(
-                "connection noticed as changed",
-                extra={"connection_id": connection_id, "ending": ending.value},
-            )
-            runner.stop(ending)
-        return True
+            return decided
+        for cid in running:
+            runner = self._runners.get(cid)
+            if runner is read_for[cid]:
+                ending = _notice_ending(items.get(cid), runner.lease)
+            else:
+                ending = None
+            if runner is not None and ending is not None:
+                log.info(
+                    "connection noticed as changed",
+                    extra={"connection_id": cid, "ending": ending.value},
+                )
+                runner.stop(ending)
+            decided.add(cid)
+        return decided
 
     async def _write_pages(self) -> None:
         """Every ``CHECKPOINT_SECONDS``, the checkpoint of every connection of the

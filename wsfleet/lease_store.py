@@ -28,6 +28,9 @@ from wsfleet.timing import LeaseTiming
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
 
+BATCH_READ = 100
+"""Keys per BatchGetItem (DynamoDB's limit)."""
+
 TAKEOVER_BATCH = 50
 """Takeover writes per transaction (DynamoDB allows 100): a refused transaction is
 taken apart, so a smaller one costs less when one of its items changed."""
@@ -317,6 +320,16 @@ class LeaseStore:
     def get(self, connection_id: str) -> ConnectionItem | None:
         """The item, read strongly consistently."""
         return get_connection(self._client, self._table, connection_id)
+
+    def get_many(self, connection_ids: Sequence[str]) -> dict[str, ConnectionItem]:
+        """The items that exist, by id, read strongly consistently in batches of
+        :data:`BATCH_READ` (one round trip per batch, not per item)."""
+        ids = list(dict.fromkeys(connection_ids))
+        found: dict[str, ConnectionItem] = {}
+        for start in range(0, len(ids), BATCH_READ):
+            for item in self._get_many(ids[start : start + BATCH_READ]):
+                found[item.connection_id] = item
+        return found
 
     def find_unowned(self, shards: list[str], limit: int) -> list[str]:
         """Ids of STARTED, unowned, unparked connections from the given shards of the

@@ -184,3 +184,29 @@ async def test_f6_a_release_without_an_answer_keeps_its_final_checkpoint(
             what="the stray released by the own-check",
         )
         assert item(ddb, table, "c6").last_seq == handled
+
+
+async def test_f8_a_burst_of_stops_is_read_in_batches_not_one_connection_at_a_time(
+    ddb, table, control: DesiredStateStore, in_process, feed_url
+):
+    """F8: 150 stops noticed in one renew: the owner reads the named connections in
+    batches of a hundred (two round trips), not one strongly consistent read each in
+    series (which put the last stop far past the stop bound)."""
+    ids = [f"s{n:03d}" for n in range(150)]
+    async with in_process(max_connections=200) as running:
+        worker = running.worker
+        t0 = now_ms()
+        for cid in ids:
+            control.start(cid, f"{feed_url}/{cid}?rate=1", t0)
+        await until(lambda: len(worker.owned()) == len(ids), within=30, what="all owned")
+        sessions = SessionStore(ddb, table, SCALED_TIMING)
+        gen = worker.session_gen
+        for cid in ids:
+            control.stop(cid, now_ms())
+        tokens = [session_rules.notice_token(cid, "stop", now_ms(), "n") for cid in ids]
+        assert sessions.offer(worker.worker_id, gen, tokens)  # one write of all notices
+        await until(lambda: not worker.owned(), within=20, what="every runner stopped")
+        assert running.store.calls.get("get", 0) == 0
+        assert running.store.calls["get_many"] <= 2
+        for cid in ids:
+            assert item(ddb, table, cid).lease_owner is None
