@@ -15,6 +15,7 @@ terminal output) and passes the results in, with the clock as ``now_ms``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,7 @@ from fleetctl.rates import RATE_LEGEND
 from lambdas.router.views import NO_RECORDS, OwnerRecords, connection_view, owning_session
 from wsfleet import schema
 from wsfleet.checkpoint_page import CheckpointPage, page_from_dynamodb
-from wsfleet.item import ConnectionItem
+from wsfleet.item import ConnectionItem, MalformedItemError
 from wsfleet.session_rules import SessionItem
 
 SessionKey = tuple[str, int]
@@ -79,12 +80,15 @@ def sort_table(raw_items: Iterable[Mapping[str, Any]]) -> TableContents:
         if pk.startswith(schema.KEY_PREFIX):
             connections.append(ConnectionItem.from_dynamodb(raw))
         elif pk.startswith(schema.SESSION_KEY_PREFIX):
-            session = SessionItem.from_dynamodb(raw)
-            sessions[session.key] = session
+            # What cannot be read is left out, as the router leaves it out.
+            with contextlib.suppress(MalformedItemError):
+                session = SessionItem.from_dynamodb(raw)
+                sessions[session.key] = session
         elif pk.startswith(schema.PAGE_KEY_PREFIX):
             key = _page_session(pk)
             if key is not None:
-                pages[key] = page_from_dynamodb(raw)
+                with contextlib.suppress(MalformedItemError):
+                    pages[key] = page_from_dynamodb(raw)
     owners = {
         key: OwnerRecords(session=sessions.get(key), page=pages.get(key))
         # A page without its session is shown as the router shows it: not at all.

@@ -92,7 +92,13 @@ def fleet_rows(f: MonitoredFleet) -> list[Row]:
                     f.worker(m.CONNECTIONS_FAILED, label="parked (failed)"),
                 ],
             ),
-            graph("Handler errors", [f.worker(m.HANDLER_ERRORS)]),
+            graph(
+                "Handler errors / malformed items",
+                [
+                    f.worker(m.HANDLER_ERRORS, label="handler errors"),
+                    f.worker(m.MALFORMED_ITEMS, label="malformed items"),
+                ],
+            ),
         ],
         [
             graph(

@@ -34,7 +34,7 @@ from wsfleet import lease_rules, session_rules
 from wsfleet import metric_names as m
 from wsfleet.backoff import backoff_delays
 from wsfleet.checkpoint_page import CheckpointPage, PageEntry
-from wsfleet.item import ConnectionItem
+from wsfleet.item import ConnectionItem, connection_key_text
 from wsfleet.lease_rules import AcquireRefusal, Lease, TakeoverStep
 from wsfleet.lease_store import TAKEOVER_BATCH, LeaseStore
 from wsfleet.session_rules import SessionItem
@@ -329,27 +329,46 @@ class Worker:
 
     async def release_stray(self, seen: ConnectionItem) -> None:
         """Release a connection this session owns but does not run, with the final
-        checkpoint of its unanswered release when there was one for that hold."""
+        checkpoint of its unanswered release when there was one for that hold (park it
+        when its entry cannot be run: a release would compare what is malformed)."""
         cid = seen.connection_id
         kept = lease_rules.unanswered_checkpoint(self._unanswered.get(cid), seen)
-        lease = Lease(
-            connection_id=cid,
-            owner=self.worker_id,
-            epoch=seen.lease_epoch,
-            start_gen=seen.start_gen,
-            ws_url=seen.ws_url,
-            last_seq=seen.last_seq,
-            session_gen=seen.owner_session_gen or 0,
-            seq_gen=seen.seq_gen,
-        )
-        loop = asyncio.get_running_loop()
+        lease = lease_rules.lease_of_entry(seen, self.worker_id, seen.owner_session_gen or 0)
         self._released[cid] = time.monotonic()
+        if lease.malformed is not None:
+            await self._park_malformed(lease, lease.malformed)
+            return
+        loop = asyncio.get_running_loop()
         released = await loop.run_in_executor(
             None, self._store.release, lease, kept, self._wall_ms()
         )
         self._unanswered.pop(cid, None)  # answered: released, or no longer ours
         if released.released:
             self.metrics.count(m.LEASES_RELEASED)
+
+    async def _park_malformed(self, lease: Lease, problem: str) -> None:
+        """Park a connection this session holds whose item cannot be run, with the
+        problem as its reason (docs/DESIGN.md §2.2). An error leaves
+        it to the own-check, which finds it held and not run."""
+        self.metrics.malformed_item(connection_key_text(lease.connection_id), problem)
+        loop = asyncio.get_running_loop()
+        try:
+            released = await loop.run_in_executor(
+                None, self._store.park_malformed, lease, problem, self._wall_ms()
+            )
+        except Exception as error:
+            self._doubt = True
+            log.warning(
+                "could not park a malformed connection",
+                extra={"connection_id": lease.connection_id, "error": repr(error)},
+            )
+            return
+        if released.parked:
+            self.metrics.count(m.CONNECTIONS_FAILED)
+            log.warning(
+                "connection parked: its item cannot be run",
+                extra={"connection_id": lease.connection_id, "reason": problem},
+            )
 
     async def _take(
         self,
@@ -410,6 +429,13 @@ class Worker:
             finally:
                 await self.capacity.release()
             return AcquireResult.HELD
+        if result.malformed is not None:
+            # Won, but the item cannot be run: parked at once, never held silently.
+            try:
+                await self._park_malformed(result, result.malformed)
+            finally:
+                await self.capacity.release()
+            return AcquireResult.PARKED
         self.metrics.count(m.LEASES_ACQUIRED)
         if result.takeover_latency_ms is not None:
             self.metrics.takeover_latency(result.takeover_latency_ms)
@@ -424,7 +450,15 @@ class Worker:
                 "secret": result.auth_secret,
             },
         )
-        runner = ConnectionRunner(self._settings, result, self._deadline)
+        try:
+            runner = ConnectionRunner(self._settings, result, self._deadline)
+        except Exception as error:
+            log.exception("could not build a runner", extra={"connection_id": connection_id})
+            try:
+                await self._park_malformed(result, f"cannot be run: {type(error).__name__}")
+            finally:
+                await self.capacity.release()
+            return AcquireResult.PARKED
         self._unanswered.pop(connection_id, None)  # a new hold: the old one is settled
         self._runners[connection_id] = runner
         task = asyncio.create_task(self._own(runner), name=f"own:{connection_id}")

@@ -9,6 +9,7 @@ scaling) and ``[Service, TaskId]`` (per-task view).
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Callable
 from typing import Final, TextIO
@@ -19,6 +20,12 @@ from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import (
 )
 
 from wsfleet import metric_names as m
+
+log = logging.getLogger(__name__)
+
+MALFORMED_REMEMBERED: Final = 10_000
+"""Keys of malformed items remembered (so each is logged and counted once); past that
+the memory starts afresh."""
 
 VALUES_PER_DOCUMENT: Final = 99
 """Values of one metric per EMF document: EMF takes up to 100, and Powertools
@@ -65,9 +72,22 @@ class FleetMetrics:
         self._renew_slacks: list[float] = []
         self._loop_lags: list[float] = []
         self._gc_pauses: tuple[list[float], list[float], list[float]] = ([], [], [])
+        self._malformed_seen: set[str] = set()
 
     def count(self, name: str, value: int = 1) -> None:
         self._counts[name] += value
+
+    def malformed_item(self, key: str, problem: str) -> None:
+        """An item that cannot be decoded or run (docs/DESIGN.md §2.2): logged with
+        its key and counted in ``MalformedItems`` the first time this worker meets it,
+        since a malformed page or session item is read again by every pass."""
+        if key in self._malformed_seen:
+            return
+        if len(self._malformed_seen) >= MALFORMED_REMEMBERED:
+            self._malformed_seen.clear()
+        self._malformed_seen.add(key)
+        self._counts[m.MALFORMED_ITEMS] += 1
+        log.warning("malformed item", extra={"key": key, "problem": problem})
 
     def takeover_latency(self, milliseconds: float) -> None:
         self._takeover_latencies.append(milliseconds)

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -38,7 +39,7 @@ from wsfleet import metric_names as m
 from wsfleet import schema, session_rules
 from wsfleet.backoff import jittered
 from wsfleet.checkpoint_page import CheckpointPage
-from wsfleet.item import ConnectionItem
+from wsfleet.item import ConnectionItem, MalformedItemError, connection_key_text
 from wsfleet.lease_store import LeaseStore
 from wsfleet.session_rules import SessionItem
 from wsfleet.session_store import SessionStore
@@ -157,7 +158,7 @@ class Reconciler:
         """Reap and sweep; also says whether another live session is draining (a
         graceful shutdown publishes capacity 0 until its last release), in which case
         this pass looks for free connections in every shard, not only two."""
-        sessions = await self._call(self._sessions.list_sessions)
+        sessions = await self._call(self._sessions.list_sessions, self._report_malformed)
         self._balancer.observe(sessions)
         mine = (self._owner.worker_id, self._owner.session_gen)
         taken: list[str] = []
@@ -167,33 +168,52 @@ class Reconciler:
             listed.add(session.key)
             if session.key == mine:
                 continue
-            now_ms = self._wall_ms()
             if session.alive and session.capacity == 0:
                 draining = True
-            if session_rules.is_lapsed(session, now_ms, self._store.timing):
-                me = self._owner.worker_id
-                if not await self._call(self._sessions.reap, session, me, now_ms):
-                    continue  # another worker reaped it (or it was renewed): next pass
-                self._metrics.count(m.SESSIONS_REAPED)
+            # One session that cannot be reaped or swept costs this pass that session
+            # only: the next one is still reaped, swept and taken over.
+            try:
+                taken += await self._reap_and_sweep(session, sessions)
+            except Exception as error:
                 log.warning(
-                    "session reaped",
+                    "reaping or sweeping a session failed",
                     extra={
                         "session_worker": session.worker_id,
                         "session_gen": session.session_gen,
-                        "lapsed_ms": now_ms - session.expires_at_ms,
+                        "error": repr(error),
                     },
                 )
-                session = replace(
-                    session,
-                    state=schema.DEAD,
-                    reaped_at_ms=now_ms,
-                    reaped_by=self._owner.worker_id,
-                )
-            if not session.alive:
-                taken += await self._sweep(session, sessions)
         for key in set(self._dead) - listed:
             del self._dead[key]
         return taken, draining
+
+    async def _reap_and_sweep(self, session: SessionItem, sessions: list[SessionItem]) -> list[str]:
+        now_ms = self._wall_ms()
+        if session_rules.is_lapsed(session, now_ms, self._store.timing):
+            me = self._owner.worker_id
+            if not await self._call(self._sessions.reap, session, me, now_ms):
+                return []  # another worker reaped it (or it was renewed): next pass
+            self._metrics.count(m.SESSIONS_REAPED)
+            log.warning(
+                "session reaped",
+                extra={
+                    "session_worker": session.worker_id,
+                    "session_gen": session.session_gen,
+                    "lapsed_ms": now_ms - session.expires_at_ms,
+                },
+            )
+            session = replace(
+                session,
+                state=schema.DEAD,
+                reaped_at_ms=now_ms,
+                reaped_by=self._owner.worker_id,
+            )
+        if session.state != schema.DEAD:
+            return []
+        return await self._sweep(session, sessions)
+
+    def _report_malformed(self, error: MalformedItemError) -> None:
+        self._metrics.malformed_item(error.key, error.problem)
 
     async def _sweep(self, session: SessionItem, sessions: list[SessionItem]) -> list[str]:
         timing = self._store.timing
@@ -229,7 +249,13 @@ class Reconciler:
         for item in entries:
             if not item.started:
                 await self._call(self._store.clear_dead_owner, item, now_ms)
-        started = {item.connection_id: item for item in entries if item.started and not item.parked}
+            elif item.problem is not None and not item.parked:
+                await self._park_seen(item, item.problem, now_ms)
+        started = {
+            item.connection_id: item
+            for item in entries
+            if item.started and not item.parked and item.problem is None
+        }
         reaper = session.reaped_by == me
         fallback = session_rules.reaper_fallback_ms(session, timing)
         room = (
@@ -240,7 +266,14 @@ class Reconciler:
         )
         if not share:
             return []
-        page = await self._call(self._sessions.read_page, session.worker_id, session.session_gen)
+        page = await self._call(
+            functools.partial(
+                self._sessions.read_page,
+                session.worker_id,
+                session.session_gen,
+                report=self._report_malformed,
+            )
+        )
         conflicts_before = self._store.takeover_conflicts
         try:
             taken = await self._owner.take_over_many([started[cid] for cid in share], session, page)
@@ -264,6 +297,14 @@ class Reconciler:
             },
         )
         return taken
+
+    async def _park_seen(self, item: ConnectionItem, problem: str, now_ms: int) -> None:
+        """A dead session's entry that cannot be run (an attribute of the wrong type,
+        which its takeover would have to compare): parked where it is, with the
+        problem as its reason."""
+        self._metrics.malformed_item(connection_key_text(item.connection_id), problem)
+        if await self._call(self._store.park_seen, item, problem, now_ms):
+            self._metrics.count(m.CONNECTIONS_FAILED)
 
     # --- 2. own connections --------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from wsfleet import schema
-from wsfleet.item import to_attribute
+from wsfleet.item import MalformedItemError, key_text, to_attribute
 
 STREAMING: Final = "streaming"
 """Connected upstream (a quiet stream is streaming too)."""
@@ -99,7 +99,9 @@ def decode_entries(
     rows = json.loads(zlib.decompress(blob))
     rates, trouble = _decode_health(health_blob)
     entries: dict[str, PageEntry] = {}
-    for i, (cid, epoch, seq_gen, seq, ago) in enumerate(rows):
+    for i, row in enumerate(rows):
+        # A newer version may add fields to a row: this one reads the fields it knows.
+        cid, epoch, seq_gen, seq, ago = row[:5]
         status, reconnects, last_error = trouble.get(cid, (STREAMING, 0, None))
         entries[str(cid)] = PageEntry(
             epoch=int(epoch),
@@ -170,12 +172,25 @@ def page_put_condition(written_at_ms: int) -> dict[str, Any]:
 
 
 def page_from_dynamodb(raw: Mapping[str, Any]) -> CheckpointPage:
-    written = int(raw[schema.PAGE_WRITTEN_AT_MS]["N"])
-    blob = raw[schema.PAGE_ENTRIES]["B"]
+    """The page of a raw item; raises :class:`MalformedItemError` for one that cannot
+    be read (a takeover then resumes from the item's own checkpoint)."""
+
+    def malformed(problem: str) -> MalformedItemError:
+        return MalformedItemError(key_text(raw), f"malformed checkpoint page: {problem}")
+
+    try:
+        written = int(raw[schema.PAGE_WRITTEN_AT_MS]["N"])
+    except (KeyError, TypeError, ValueError):
+        raise malformed("written_at_ms is not an integer") from None
+    blob = raw.get(schema.PAGE_ENTRIES, {}).get("B")
+    if blob is None:
+        raise malformed("entries is not binary")
     health = raw.get(schema.PAGE_HEALTH, {}).get("B")
-    return CheckpointPage(
-        written, decode_entries(bytes(blob), written, None if health is None else bytes(health))
-    )
+    try:
+        entries = decode_entries(bytes(blob), written, None if health is None else bytes(health))
+    except (ValueError, TypeError, IndexError, zlib.error):
+        raise malformed("entries cannot be read") from None
+    return CheckpointPage(written, entries)
 
 
 def resume_seq(

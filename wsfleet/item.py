@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, Final
 
-from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from boto3.dynamodb.types import Binary, TypeDeserializer, TypeSerializer
 
 from wsfleet import schema
 
@@ -58,12 +58,94 @@ def _plain(value: Any) -> Any:
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_plain(v) for v in value]
+    if isinstance(value, Binary):
+        return bytes(value)  # type: ignore[call-overload]  # the stubs type __bytes__ as str
+    if isinstance(value, set):
+        return {_plain(v) for v in value}
     return value
+
+
+class MalformedItemError(ValueError):
+    """An item that cannot be decoded (docs/DESIGN.md §2.2): ``key``
+    names it (``<Pk>/<Sk>``), ``problem`` says what is wrong, short and never a value."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}")
+        self.key = key
+        self.problem = problem
+
+
+def key_text(raw: Mapping[str, Any]) -> str:
+    """``<Pk>/<Sk>`` of a raw item, for logs."""
+    return "/".join(
+        str(raw.get(name, {}).get("S", "?")) for name in (schema.PARTITION_KEY, schema.SORT_KEY)
+    )
+
+
+def connection_key_text(connection_id: str) -> str:
+    """:func:`key_text` of a connection item."""
+    return f"{schema.KEY_PREFIX}{connection_id}/{schema.CONNECTION_SORT_KEY}"
+
+
+INTEGER: Final = "an integer"
+STRING: Final = "a string"
+
+
+class AttributeReader:
+    """Reads typed attributes of one item, never raising: an attribute of the wrong
+    type reads as missing and is recorded in :attr:`malformed` (name -> what it should
+    be); one that is not there at all is recorded in :attr:`absent`."""
+
+    def __init__(self, plain: Mapping[str, Any]) -> None:
+        self.plain = plain
+        self.absent: set[str] = set()
+        self.malformed: dict[str, str] = {}
+
+    def integer(self, name: str) -> int | None:
+        value = self.plain.get(name)
+        if name not in self.plain:
+            self.absent.add(name)
+            return None
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        self.malformed[name] = INTEGER
+        return None
+
+    def text(self, name: str) -> str | None:
+        value = self.plain.get(name)
+        if name not in self.plain:
+            self.absent.add(name)
+            return None
+        if isinstance(value, str):
+            return value
+        self.malformed[name] = STRING
+        return None
+
+
+def describe_malformed(what: str, malformed: Mapping[str, str]) -> str | None:
+    """``malformed <what>: last_seq is not an integer, ...``; None when nothing is."""
+    if not malformed:
+        return None
+    return f"malformed {what}: " + ", ".join(
+        f"{name} is not {kind}" for name, kind in malformed.items()
+    )
+
+
+CONDITION_NUMBERS: Final = frozenset(
+    {schema.LEASE_EPOCH, schema.LAST_SEQ, schema.START_GEN, schema.SEQ_GEN}
+)
+"""The numbers the lease conditions compare; one that is missing is matched as missing
+(``attribute_not_exists``), never as its default."""
 
 
 @dataclass(frozen=True, slots=True)
 class ConnectionItem:
-    """One row of the connection table (docs/DESIGN.md §2)."""
+    """One row of the connection table (docs/DESIGN.md §2).
+
+    Decoding never raises: an attribute of the wrong type gets its default and is
+    recorded in ``malformed`` (such an item cannot be run: it is parked with
+    :attr:`problem` as its reason), a missing number of :data:`CONDITION_NUMBERS` gets
+    its default and is recorded in ``absent``."""
 
     connection_id: str
     desired_state: str
@@ -92,34 +174,43 @@ class ConnectionItem:
     advanced_at_ms: int | None = None
     advanced_start_gen: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    absent: frozenset[str] = frozenset()
+    """Which of :data:`CONDITION_NUMBERS` the item does not have (read as 0)."""
+    malformed: Mapping[str, str] = field(default_factory=dict)
+    """Attributes of the wrong type (read as missing): name -> what it should be."""
 
     @classmethod
     def from_dynamodb(cls, raw: Mapping[str, Any]) -> ConnectionItem:
         plain = from_attributes(raw)
+        read = AttributeReader(plain)
+        text, integer = read.text, read.integer
+        # Keyword arguments are evaluated in order: absent and malformed come last.
         return cls(
             connection_id=schema.connection_id_of(str(plain[schema.PARTITION_KEY])),
-            desired_state=str(plain.get(schema.DESIRED_STATE, "")),
-            ws_url=str(plain.get(schema.WS_URL, "")),
-            lease_owner=plain.get(schema.LEASE_OWNER),
-            owner_session_gen=_opt_int(plain.get(schema.OWNER_SESSION_GEN)),
-            owner_key=plain.get(schema.OWNER_KEY),
-            free_shard=plain.get(schema.FREE_SHARD),
-            lease_epoch=int(plain.get(schema.LEASE_EPOCH, 0)),
-            lease_token=plain.get(schema.LEASE_TOKEN),
-            last_seq=int(plain.get(schema.LAST_SEQ, 0)),
-            start_gen=int(plain.get(schema.START_GEN, 0)),
-            seq_gen=int(plain.get(schema.SEQ_GEN, 0)),
-            created_at_ms=_opt_int(plain.get(schema.CREATED_AT_MS)),
-            updated_at_ms=_opt_int(plain.get(schema.UPDATED_AT_MS)),
-            expires_at=_opt_int(plain.get(schema.EXPIRES_AT)),
-            parked_reason=plain.get(schema.PARKED_REASON),
-            parked_at_ms=_opt_int(plain.get(schema.PARKED_AT_MS)),
-            failing_since_ms=_opt_int(plain.get(schema.FAILING_SINCE_MS)),
-            protocol=plain.get(schema.PROTOCOL),
-            auth_secret=plain.get(schema.AUTH_SECRET),
-            advanced_at_ms=_opt_int(plain.get(schema.ADVANCED_AT_MS)),
-            advanced_start_gen=_opt_int(plain.get(schema.ADVANCED_START_GEN)),
+            desired_state=text(schema.DESIRED_STATE) or "",
+            ws_url=text(schema.WS_URL) or "",
+            lease_owner=text(schema.LEASE_OWNER),
+            owner_session_gen=integer(schema.OWNER_SESSION_GEN),
+            owner_key=text(schema.OWNER_KEY),
+            free_shard=text(schema.FREE_SHARD),
+            lease_epoch=integer(schema.LEASE_EPOCH) or 0,
+            lease_token=text(schema.LEASE_TOKEN),
+            last_seq=integer(schema.LAST_SEQ) or 0,
+            start_gen=integer(schema.START_GEN) or 0,
+            seq_gen=integer(schema.SEQ_GEN) or 0,
+            created_at_ms=integer(schema.CREATED_AT_MS),
+            updated_at_ms=integer(schema.UPDATED_AT_MS),
+            expires_at=integer(schema.EXPIRES_AT),
+            parked_reason=text(schema.PARKED_REASON),
+            parked_at_ms=integer(schema.PARKED_AT_MS),
+            failing_since_ms=integer(schema.FAILING_SINCE_MS),
+            protocol=text(schema.PROTOCOL),
+            auth_secret=text(schema.AUTH_SECRET),
+            advanced_at_ms=integer(schema.ADVANCED_AT_MS),
+            advanced_start_gen=integer(schema.ADVANCED_START_GEN),
             extra={k: v for k, v in plain.items() if k not in _KNOWN},
+            absent=frozenset(read.absent & CONDITION_NUMBERS),
+            malformed=read.malformed,
         )
 
     @property
@@ -130,8 +221,10 @@ class ConnectionItem:
     def parked(self) -> bool:
         """Its upstream was given up on (docs/DESIGN.md §3.7): no worker takes it
         until the router re-arms it with a start."""
-        return self.parked_reason is not None
+        return self.parked_reason is not None or schema.PARKED_REASON in self.malformed
 
-
-def _opt_int(value: Any) -> int | None:
-    return None if value is None else int(value)
+    @property
+    def problem(self) -> str | None:
+        """Why the item cannot be run (``malformed item: last_seq is not an integer``);
+        None when every attribute has its type."""
+        return describe_malformed("item", self.malformed)

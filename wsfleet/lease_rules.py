@@ -71,6 +71,19 @@ def _values(**values: Any) -> dict[str, Any]:
     return {f":{k}": to_attribute(v) for k, v in values.items()}
 
 
+def _equals(placeholder: str, value: int, absent: frozenset[str]) -> tuple[str, dict[str, Any]]:
+    """``#x = :x``, or ``attribute_not_exists(#x)`` when the item was read without the
+    attribute: a missing number is matched as missing, never as its default."""
+    if _NAMES[placeholder] in absent:
+        return f"attribute_not_exists({placeholder})", {}
+    return f"{placeholder} = :{placeholder[1:]}", _values(**{placeholder[1:]: value})
+
+
+STREAM_NUMBERS = frozenset({schema.START_GEN, schema.SEQ_GEN})
+"""What a lease remembers as absent: the numbers its release and park compare and
+that no acquire or takeover writes."""
+
+
 # --- acquire ---------------------------------------------------------------------------
 
 
@@ -134,6 +147,12 @@ class Lease:
     """Epoch ms of the stream's last checkpoint advance under the current start, as the
     previous holder left it (its page entry, or its release); None when unknown. From
     here a stream that cannot resume measures its gap (docs/DESIGN.md §4.6)."""
+    absent: frozenset[str] = frozenset()
+    """Which of :data:`STREAM_NUMBERS` the item did not have when won: the release and
+    the park match them as missing."""
+    malformed: str | None = None
+    """The item's :attr:`~wsfleet.item.ConnectionItem.problem` when won: such a lease
+    is not run but parked at once (:func:`park_malformed_update`)."""
 
 
 def lease_won(
@@ -163,6 +182,25 @@ def lease_won(
         protocol=old.protocol,
         auth_secret=old.auth_secret,
         advanced_at_ms=last_advance_ms(old) if advanced_at_ms is None else advanced_at_ms,
+        absent=old.absent & STREAM_NUMBERS,
+        malformed=old.problem,
+    )
+
+
+def lease_of_entry(seen: ConnectionItem, owner: str, session_gen: int) -> Lease:
+    """The lease of an entry this session owns (its ``by-owner`` listing) but does not
+    run, for its release (or, when malformed, its park)."""
+    return Lease(
+        connection_id=seen.connection_id,
+        owner=owner,
+        epoch=seen.lease_epoch,
+        start_gen=seen.start_gen,
+        ws_url=seen.ws_url,
+        last_seq=seen.last_seq,
+        session_gen=session_gen,
+        seq_gen=seen.seq_gen,
+        absent=seen.absent & STREAM_NUMBERS,
+        malformed=seen.problem,
     )
 
 
@@ -270,11 +308,20 @@ def takeover_update(
     reset or a final checkpoint written since would make it wrong). Exactly one taker
     wins; the epoch goes up by one.
     """
+    clauses = [
+        _equals(placeholder, value, seen.absent)
+        for placeholder, value in (
+            ("#gen", seen.start_gen),
+            ("#seqgen", seen.seq_gen),
+            ("#seq", seen.last_seq),
+            ("#epoch", seen.lease_epoch),
+        )
+    ]
+    read = " AND ".join(clause for clause, _ in clauses)
     return ConditionalUpdate(
         update_expression=f"{_TAKE}, #seq = :resume ADD #epoch :one",
         condition_expression=(
-            "#owner = :dead AND #sgen = :deadgen AND #state = :started AND #gen = :gen"
-            " AND #seqgen = :seqgen AND #seq = :seq AND #epoch = :epoch"
+            f"#owner = :dead AND #sgen = :deadgen AND #state = :started AND {read}"
             " AND attribute_not_exists(#parked)"
         ),
         names=_names(
@@ -299,11 +346,8 @@ def takeover_update(
             dead=seen.lease_owner,
             deadgen=seen.owner_session_gen,
             started=schema.STARTED,
-            gen=seen.start_gen,
-            seqgen=seen.seq_gen,
-            seq=seen.last_seq,
-            epoch=seen.lease_epoch,
-        ),
+        )
+        | {name: value for _, values in clauses for name, value in values.items()},
     )
 
 
@@ -385,10 +429,11 @@ def release_update(
         values |= _values(started=schema.STARTED)
         condition += " AND #state <> :started"
     if last_seq is not None:
+        stream_clause, stream_values = _equals("#seqgen", lease.seq_gen, lease.absent)
         names |= _names("#seq", "#seqgen")
-        values |= _values(seq=last_seq, seqgen=lease.seq_gen)
+        values |= _values(seq=last_seq) | stream_values
         update += ", #seq = :seq"
-        condition += " AND #seqgen = :seqgen"
+        condition += f" AND {stream_clause}"
         if advanced_at_ms is not None:
             names |= _names("#advat", "#advgen")
             values |= _values(advat=advanced_at_ms, advgen=lease.start_gen)
@@ -420,7 +465,16 @@ def release_retry(old: ConnectionItem, lease: Lease, with_checkpoint: bool) -> R
     """The release that fits the item a failed one returned: its desired state, and
     the checkpoint only while the stream is the one it belongs to."""
     return ReleaseVariant(
-        started=old.started, with_checkpoint=with_checkpoint and old.seq_gen == lease.seq_gen
+        started=old.started, with_checkpoint=with_checkpoint and same_stream(old, lease)
+    )
+
+
+def same_stream(item: ConnectionItem, lease: Lease) -> bool:
+    """The item's ``seq_gen`` is the one the lease was won under (missing both times
+    counts as the same)."""
+    missing = schema.SEQ_GEN in item.absent
+    return missing == (schema.SEQ_GEN in lease.absent) and (
+        missing or item.seq_gen == lease.seq_gen
     )
 
 
@@ -457,14 +511,16 @@ def park_update(lease: Lease, last_seq: int, reason: str, now_ms: int) -> Condit
     not overwrite; the caller then releases instead. The item does not go into the
     ``unowned`` index, and ``parked_reason`` makes the acquire refuse it.
     """
+    stream_clause, stream_values = _equals("#seqgen", lease.seq_gen, lease.absent)
+    start_clause, start_values = _equals("#gen", lease.start_gen, lease.absent)
     return ConditionalUpdate(
         update_expression=(
             "REMOVE #owner, #sgen, #okey, #token, #failing SET #seq = :seq,"
             " #parked = :reason, #parkedat = :now, #updated = :now"
         ),
         condition_expression=(
-            "#owner = :me AND #epoch = :epoch AND #seqgen = :seqgen"
-            " AND #state = :started AND #gen = :gen"
+            f"#owner = :me AND #epoch = :epoch AND {stream_clause}"
+            f" AND #state = :started AND {start_clause}"
         ),
         names=_names(
             "#owner",
@@ -484,13 +540,75 @@ def park_update(lease: Lease, last_seq: int, reason: str, now_ms: int) -> Condit
         values=_values(
             me=lease.owner,
             epoch=lease.epoch,
-            seqgen=lease.seq_gen,
             started=schema.STARTED,
-            gen=lease.start_gen,
             seq=last_seq,
             reason=reason[:MAX_REASON_CHARS],
             now=now_ms,
+        )
+        | stream_values
+        | start_values,
+    )
+
+
+_PARK_UNRUN = (
+    "REMOVE #owner, #sgen, #okey, #token, #free"
+    " SET #parked = :reason, #parkedat = :now, #updated = :now"
+)
+"""Parks an item nobody can run: ownership and the ``unowned`` index key go, the reason
+comes; nothing of its stream (``last_seq``, ``seq_gen``...) is touched, so the item
+stays as it was found for whoever looks into it."""
+
+
+def park_malformed_update(lease: Lease, reason: str, now_ms: int) -> ConditionalUpdate:
+    """Park the item a lease was won on when it cannot be run (an attribute of the wrong
+    type): conditioned on this holder's owner and epoch only, the attributes an acquire
+    or a takeover could not have won with if they were malformed."""
+    return ConditionalUpdate(
+        update_expression=_PARK_UNRUN,
+        condition_expression="#owner = :me AND #epoch = :epoch",
+        names=_names(
+            "#owner",
+            "#sgen",
+            "#okey",
+            "#token",
+            "#free",
+            "#parked",
+            "#parkedat",
+            "#updated",
+            "#epoch",
         ),
+        values=_values(
+            me=lease.owner, epoch=lease.epoch, reason=reason[:MAX_REASON_CHARS], now=now_ms
+        ),
+    )
+
+
+def park_seen_update(seen: ConnectionItem, reason: str, now_ms: int) -> ConditionalUpdate:
+    """Park, without taking it, a STARTED item that cannot be run, as read (``seen``):
+    free (the acquire cannot add to its epoch) or a dead session's (its takeover would
+    compare attributes of the wrong type). Conditioned on what placed it there: no
+    owner, or that very ``owner_key`` (the dead session's, which only a takeover or a
+    clear moves)."""
+    if seen.owner_key is None:
+        held, held_values = "attribute_not_exists(#owner)", {}
+    else:
+        held, held_values = "#okey = :okey", _values(okey=seen.owner_key)
+    return ConditionalUpdate(
+        update_expression=_PARK_UNRUN,
+        condition_expression=(f"{held} AND #state = :started AND attribute_not_exists(#parked)"),
+        names=_names(
+            "#owner",
+            "#sgen",
+            "#okey",
+            "#token",
+            "#free",
+            "#parked",
+            "#parkedat",
+            "#updated",
+            "#state",
+        ),
+        values=_values(reason=reason[:MAX_REASON_CHARS], now=now_ms, started=schema.STARTED)
+        | held_values,
     )
 
 

@@ -101,6 +101,15 @@ class LeaseStore:
             old = self._update(connection_id, update, return_values="ALL_OLD")
         except ConditionFailedError as failed:
             return lease_rules.acquire_failure(failed.old, owner, session_gen, token)
+        except ClientError as error:
+            # An epoch that is not a number cannot be added to: no acquire ever passes.
+            if not _refused_as_invalid(error):
+                raise
+            seen = self.get(connection_id)
+            if seen is None or seen.problem is None:
+                raise
+            self.park_seen(seen, seen.problem, now_ms)
+            return AcquireRefusal.PARKED
         if old is None:  # pragma: no cover - the condition requires an existing item
             return AcquireRefusal.UNKNOWN_ID
         return lease_rules.lease_won(old, owner, session_gen)
@@ -308,6 +317,32 @@ class LeaseStore:
             return Released(released=False, restarted=False, checkpointed=False)
         return self.release(lease, last_seq, now_ms)
 
+    def park_malformed(self, lease: Lease, reason: str, now_ms: int) -> Released:
+        """Park the item a lease was just won on because it cannot be run (``reason``:
+        ``lease.malformed``), without touching its malformed attributes."""
+        try:
+            self._update(
+                lease.connection_id,
+                lease_rules.park_malformed_update(lease, reason, now_ms),
+                return_values="NONE",
+            )
+        except ConditionFailedError:
+            return Released(released=False, restarted=False, checkpointed=False)
+        return Released(released=True, restarted=False, checkpointed=False, parked=True)
+
+    def park_seen(self, seen: ConnectionItem, reason: str, now_ms: int) -> bool:
+        """Park a STARTED item that cannot be run, as read, without taking it (free, or a
+        dead session's; ``reason``: its problem); False when it changed since read."""
+        try:
+            self._update(
+                seen.connection_id,
+                lease_rules.park_seen_update(seen, reason, now_ms),
+                return_values="NONE",
+            )
+        except ConditionFailedError:
+            return False
+        return True
+
     def record_failing_since(self, lease: Lease, since_ms: int, now_ms: int) -> bool:
         """Write when the upstream began failing; False when the lease is no longer
         ours."""
@@ -433,6 +468,12 @@ class LeaseStore:
             start_key = page.get("LastEvaluatedKey")
             if not start_key:
                 return
+
+
+def _refused_as_invalid(error: ClientError) -> bool:
+    """DynamoDB refused the request itself: an update that does not fit the item's
+    types (``ADD`` to a string)."""
+    return error.response.get("Error", {}).get("Code") == "ValidationException"
 
 
 def _owner_query(owner_key: str) -> dict[str, Any]:

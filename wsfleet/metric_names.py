@@ -33,6 +33,8 @@ UPSTREAM_GAP_MS: Final = "UpstreamGapMs"
 first one after a move or a reconnect (what was sent meanwhile is lost)."""
 UPSTREAM_GAPS: Final = "UpstreamGaps"
 """How many such gaps were measured."""
+MALFORMED_ITEMS: Final = "MalformedItems"
+"""Items this worker met that cannot be decoded or run (each counted once)."""
 
 COUNTERS: Final = (
     LEASES_ACQUIRED,
@@ -47,5 +49,6 @@ COUNTERS: Final = (
     CONNECTIONS_FAILED,
     CONNECTIONS_MOVED,
     UPSTREAM_GAPS,
+    MALFORMED_ITEMS,
 )
 """Published every period, zeros included."""

@@ -99,6 +99,8 @@ def spec_from_item(stored: str | None) -> ProtocolSpec | None:
     longer validates (written by a newer router) raises :class:`InvalidProtocolError`."""
     if stored is None:
         return None
+    if not isinstance(stored, str):
+        raise InvalidProtocolError("stored protocol is not a string")
     try:
         raw = json.loads(stored)
     except ValueError as error:

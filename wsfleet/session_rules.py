@@ -23,7 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from wsfleet import schema
-from wsfleet.item import from_attributes, to_attribute
+from wsfleet.item import (
+    AttributeReader,
+    MalformedItemError,
+    describe_malformed,
+    from_attributes,
+    key_text,
+    to_attribute,
+)
 from wsfleet.lease_rules import ConditionalUpdate
 from wsfleet.timing import LeaseTiming
 
@@ -34,7 +41,9 @@ class SessionItem:
 
     worker_id: str
     session_gen: int
-    state: str
+    state: str | None
+    """``ALIVE``, ``DEAD``, or None for an item that has lost it (reaped once lapsed,
+    with a condition that matches it as missing)."""
     expires_at_ms: int
     started_at_ms: int = 0
     reaped_at_ms: int | None = None
@@ -45,29 +54,61 @@ class SessionItem:
 
     @classmethod
     def from_dynamodb(cls, raw: Mapping[str, Any]) -> SessionItem:
+        """Raises :class:`MalformedItemError` for an item that cannot be a session: a
+        sort key without an integer generation, a state other than ALIVE or DEAD, an
+        attribute of the wrong type (docs/DESIGN.md §2.2)."""
         plain = from_attributes(raw)
-        worker_id, _, gen = str(plain[schema.SORT_KEY]).rpartition("#")
-        reaped_at = plain.get(schema.SESSION_REAPED_AT_MS)
-        return cls(
+        worker_id, _, gen = str(plain.get(schema.SORT_KEY, "")).rpartition("#")
+        if not worker_id or not gen.isdigit():
+            raise MalformedItemError(
+                key_text(raw), "malformed session item: its sort key has no generation"
+            )
+        read = AttributeReader(plain)
+        state = read.text(schema.SESSION_STATE)
+        if state not in (schema.ALIVE, schema.DEAD, None):
+            read.malformed[schema.SESSION_STATE] = f"{schema.ALIVE} or {schema.DEAD}"
+        expires_at = read.integer(schema.SESSION_EXPIRES_AT_MS)
+        session = cls(
             worker_id=worker_id,
             session_gen=int(gen),
-            state=str(plain.get(schema.SESSION_STATE, schema.DEAD)),
-            expires_at_ms=int(plain.get(schema.SESSION_EXPIRES_AT_MS, 0)),
-            started_at_ms=int(plain.get(schema.SESSION_STARTED_AT_MS, 0)),
-            reaped_at_ms=None if reaped_at is None else int(reaped_at),
-            reaped_by=plain.get(schema.SESSION_REAPED_BY),
-            notices=frozenset(plain.get(schema.SESSION_NOTICES, ())),
-            connections=int(plain.get(schema.SESSION_CONNECTIONS, 0)),
-            capacity=int(plain.get(schema.SESSION_CAPACITY, 0)),
+            state=state,
+            expires_at_ms=expires_at or 0,
+            started_at_ms=read.integer(schema.SESSION_STARTED_AT_MS) or 0,
+            reaped_at_ms=read.integer(schema.SESSION_REAPED_AT_MS),
+            reaped_by=read.text(schema.SESSION_REAPED_BY),
+            notices=notices_of(plain),
+            connections=read.integer(schema.SESSION_CONNECTIONS) or 0,
+            capacity=read.integer(schema.SESSION_CAPACITY) or 0,
         )
+        if expires_at is None and schema.SESSION_EXPIRES_AT_MS not in read.malformed:
+            # Without an expiry nothing says when it lapses: never reaped (its owner's
+            # next renew writes one again).
+            read.malformed[schema.SESSION_EXPIRES_AT_MS] = "present"
+        problem = describe_malformed("session item", read.malformed)
+        if problem is not None:
+            raise MalformedItemError(key_text(raw), problem)
+        return session
 
     @property
     def alive(self) -> bool:
         return self.state == schema.ALIVE
 
     @property
+    def reapable(self) -> bool:
+        """ALIVE, or without a state: what a reap marks DEAD once it has lapsed."""
+        return self.state != schema.DEAD
+
+    @property
     def key(self) -> tuple[str, int]:
         return (self.worker_id, self.session_gen)
+
+
+def notices_of(plain: Mapping[str, Any]) -> frozenset[str]:
+    """The notices of a session item (plain values); anything but strings reads as none."""
+    notices = plain.get(schema.SESSION_NOTICES)
+    if not isinstance(notices, set):
+        return frozenset()
+    return frozenset(n for n in notices if isinstance(n, str))
 
 
 _NAMES = {
@@ -140,7 +181,9 @@ def renew_update(
         values[":acted"] = {"SS": acted}
     return ConditionalUpdate(
         update_expression=update,
-        condition_expression="#state = :alive AND #expires <= :expires",
+        # NOT >: also true when the expiry is missing or not a number, which the renew
+        # then writes again; only a later renew's expiry refuses it.
+        condition_expression="#state = :alive AND NOT #expires > :expires",
         names=names,
         values=values,
     )
@@ -160,6 +203,8 @@ class RenewRefusal(enum.Enum):
 
 
 def renew_failure(old: SessionItem | None) -> RenewRefusal:
+    """``old``: the item that refused the renew; None when there is none, or when it
+    cannot be decoded (nothing says the session is still ALIVE)."""
     if old is None or not old.alive:
         return RenewRefusal.REAPED
     return RenewRefusal.SUPERSEDED
@@ -174,23 +219,26 @@ def reap_cutoff_ms(now_ms: int, timing: LeaseTiming) -> int:
 
 
 def is_lapsed(session: SessionItem, now_ms: int, timing: LeaseTiming) -> bool:
-    """ALIVE but not renewed in time: a reap at ``now_ms`` would pass its condition."""
-    return session.alive and session.expires_at_ms < reap_cutoff_ms(now_ms, timing)
+    """ALIVE (or without a state) but not renewed in time: a reap at ``now_ms`` would
+    pass its condition."""
+    return session.reapable and session.expires_at_ms < reap_cutoff_ms(now_ms, timing)
 
 
-def reap_update(reaper: str, now_ms: int, timing: LeaseTiming) -> ConditionalUpdate:
-    """Mark a lapsed session DEAD, once and for good."""
+def reap_update(
+    reaper: str, now_ms: int, timing: LeaseTiming, *, state_absent: bool = False
+) -> ConditionalUpdate:
+    """Mark a lapsed session DEAD, once and for good. ``state_absent``: the session was
+    listed without a state, which the condition then matches as missing (nothing
+    writes one back but a reap: a renew needs ALIVE)."""
+    state = "attribute_not_exists(#state)" if state_absent else "#state = :alive"
+    values = _values(dead=schema.DEAD, now=now_ms, me=reaper, cutoff=reap_cutoff_ms(now_ms, timing))
+    if not state_absent:
+        values |= _values(alive=schema.ALIVE)
     return ConditionalUpdate(
         update_expression="SET #state = :dead, #reapedat = :now, #reapedby = :me",
-        condition_expression="#state = :alive AND #expires < :cutoff",
+        condition_expression=f"{state} AND #expires < :cutoff",
         names=_names("#state", "#reapedat", "#reapedby", "#expires"),
-        values=_values(
-            dead=schema.DEAD,
-            alive=schema.ALIVE,
-            now=now_ms,
-            me=reaper,
-            cutoff=reap_cutoff_ms(now_ms, timing),
-        ),
+        values=values,
     )
 
 
@@ -262,7 +310,9 @@ def may_sweep(session: SessionItem, me: str, now_ms: int, grace_ms: int) -> bool
     """Whether this worker takes a DEAD session's connections now. The reaper goes at
     once (it takes all it has room for); others wait ``grace_ms`` after the reap and
     take what is left (the excess), so they do not race the reaper's writes."""
-    if session.alive or session.reaped_at_ms is None:
+    # DEAD only: a session without a state is reaped first (its owner may still be
+    # handling until its fence deadline).
+    if session.state != schema.DEAD or session.reaped_at_ms is None:
         return False
     return session.reaped_by == me or now_ms >= session.reaped_at_ms + grace_ms
 

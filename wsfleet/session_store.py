@@ -3,7 +3,8 @@ forget sessions; write and read checkpoint pages; notify an owner."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,13 +18,15 @@ from wsfleet.checkpoint_page import (
     page_item,
     page_put_condition,
 )
-from wsfleet.item import to_attribute
+from wsfleet.item import MalformedItemError, from_attributes, to_attribute
 from wsfleet.lease_rules import ConditionalUpdate
 from wsfleet.session_rules import RenewRefusal, SessionItem
 from wsfleet.timing import LeaseTiming
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +38,21 @@ class SessionRenewed:
 
 def _key(worker_id: str, session_gen: int) -> dict[str, Any]:
     return {k: to_attribute(v) for k, v in schema.session_key(worker_id, session_gen).items()}
+
+
+Report = Callable[[MalformedItemError], None]
+"""Told of each item that cannot be decoded (a worker logs and counts it)."""
+
+
+def log_malformed(error: MalformedItemError) -> None:
+    log.warning("malformed item left out", extra={"key": error.key, "problem": error.problem})
+
+
+def _decoded(raw: Mapping[str, Any]) -> SessionItem | None:
+    try:
+        return SessionItem.from_dynamodb(raw)
+    except MalformedItemError:
+        return None
 
 
 def _condition_failed(error: ClientError) -> bool:
@@ -97,15 +115,19 @@ class SessionStore:
             if not _condition_failed(error):
                 raise
             raw: Mapping[str, Any] | None = error.response.get("Item")  # type: ignore[assignment]
-            return session_rules.renew_failure(SessionItem.from_dynamodb(raw) if raw else None)
-        return SessionRenewed(SessionItem.from_dynamodb(response["Attributes"]).notices)
+            return session_rules.renew_failure(_decoded(raw) if raw else None)
+        # Only the notices are read: an attribute of the wrong type elsewhere on the
+        # item must not turn a renew that landed into an error.
+        return SessionRenewed(session_rules.notices_of(from_attributes(response["Attributes"])))
 
     def reap(self, session: SessionItem, reaper: str, now_ms: int) -> bool:
         """Mark a lapsed session DEAD; True for exactly one of any number of reapers."""
         return self._conditional(
             session.worker_id,
             session.session_gen,
-            session_rules.reap_update(reaper, now_ms, self._timing),
+            session_rules.reap_update(
+                reaper, now_ms, self._timing, state_absent=session.state is None
+            ),
         )
 
     def retire(self, worker_id: str, session_gen: int, now_ms: int) -> bool:
@@ -123,8 +145,9 @@ class SessionStore:
         False when the session is not ALIVE."""
         return self._conditional(worker_id, session_gen, session_rules.offer_update(tokens))
 
-    def list_sessions(self) -> list[SessionItem]:
-        """Every session, from the session item collections (no index)."""
+    def list_sessions(self, report: Report = log_malformed) -> list[SessionItem]:
+        """Every session, from the session item collections (no index). An item that is
+        not a session (:class:`MalformedItemError`) is left out and ``report``-ed."""
         sessions: list[SessionItem] = []
         for partition in schema.session_partitions():
             start_key: dict[str, Any] | None = None
@@ -138,7 +161,11 @@ class SessionStore:
                 if start_key:
                     args["ExclusiveStartKey"] = start_key
                 page = self._client.query(**args)
-                sessions += [SessionItem.from_dynamodb(raw) for raw in page.get("Items", [])]
+                for raw in page.get("Items", []):
+                    try:
+                        sessions.append(SessionItem.from_dynamodb(raw))
+                    except MalformedItemError as error:
+                        report(error)
                 start_key = page.get("LastEvaluatedKey")
                 if not start_key:
                     break
@@ -194,13 +221,26 @@ class SessionStore:
         return True
 
     def read_page(
-        self, worker_id: str, session_gen: int, *, consistent: bool = True
+        self,
+        worker_id: str,
+        session_gen: int,
+        *,
+        consistent: bool = True,
+        report: Report = log_malformed,
     ) -> CheckpointPage | None:
+        """The session's page; None when there is none, or when it cannot be read
+        (``report``-ed): a takeover then resumes from each item's own checkpoint."""
         key = {k: to_attribute(v) for k, v in schema.page_key(worker_id, session_gen).items()}
         raw = self._client.get_item(TableName=self._table, Key=key, ConsistentRead=consistent).get(
             "Item"
         )
-        return page_from_dynamodb(raw) if raw else None
+        if not raw:
+            return None
+        try:
+            return page_from_dynamodb(raw)
+        except MalformedItemError as error:
+            report(error)
+            return None
 
     # --- plumbing ----------------------------------------------------------------------
 

@@ -148,9 +148,13 @@ def _scan_page(
         args: dict[str, Any] = {
             "TableName": table_name,
             "Limit": limit - len(items),
-            "FilterExpression": "#sk = :connection",
-            "ExpressionAttributeNames": {"#sk": schema.SORT_KEY},
-            "ExpressionAttributeValues": {":connection": to_attribute(schema.CONNECTION_SORT_KEY)},
+            # Both keys: a session item's sort key may read CONN too.
+            "FilterExpression": "#sk = :connection AND begins_with(#pk, :prefix)",
+            "ExpressionAttributeNames": {"#sk": schema.SORT_KEY, "#pk": schema.PARTITION_KEY},
+            "ExpressionAttributeValues": {
+                ":connection": to_attribute(schema.CONNECTION_SORT_KEY),
+                ":prefix": to_attribute(schema.KEY_PREFIX),
+            },
         }
         if start:
             args["ExclusiveStartKey"] = start

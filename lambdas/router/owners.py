@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from lambdas.router.views import NO_RECORDS, OwnerRecords, owning_session
 from wsfleet import schema
 from wsfleet.checkpoint_page import page_from_dynamodb
-from wsfleet.item import ConnectionItem, to_attribute
+from wsfleet.item import ConnectionItem, MalformedItemError, to_attribute
 from wsfleet.session_rules import SessionItem
 
 if TYPE_CHECKING:
@@ -55,7 +55,13 @@ class OwnerReader:
             Key=_key(schema.page_key(worker_id, session_gen)),
             ConsistentRead=False,
         ).get("Item")
-        return OwnerRecords(
-            session=SessionItem.from_dynamodb(raw_session),
-            page=page_from_dynamodb(raw_page) if raw_page else None,
-        )
+        # A record that cannot be read is that session's connections' error only.
+        try:
+            session = SessionItem.from_dynamodb(raw_session)
+        except MalformedItemError as error:
+            return OwnerRecords(problem=error.problem)
+        try:
+            page = page_from_dynamodb(raw_page) if raw_page else None
+        except MalformedItemError as error:
+            return OwnerRecords(session=session, problem=error.problem)
+        return OwnerRecords(session=session, page=page)

@@ -39,6 +39,9 @@ class OwnerRecords:
 
     session: SessionItem | None = None
     page: CheckpointPage | None = None
+    problem: str | None = None
+    """Why the session item or the page could not be read (shown as the connection's
+    ``last_error``; the record is then None)."""
 
 
 NO_RECORDS = OwnerRecords()
@@ -113,24 +116,32 @@ STATUSES: Final = (*WORKER_STATUSES, FAILED, PENDING, STOPPED)
 
 
 def health_fields(
-    item: ConnectionItem, session: SessionItem | None, page: CheckpointPage | None, now_ms: int
+    item: ConnectionItem,
+    session: SessionItem | None,
+    page: CheckpointPage | None,
+    now_ms: int,
+    problem: str | None = None,
 ) -> dict[str, Any]:
     """``status``, ``seconds_since_last_message``, ``reconnects``, ``last_error`` and
     ``messages_per_second``. What a live owner says comes from its checkpoint page, so
     it is as fresh as one ``CHECKPOINT_SECONDS``; a connection that no live session
     runs is ``pending`` (unowned, or its owner's session ended: a worker takes it
-    within the failover bound), a parked one ``failed`` with its reason."""
+    within the failover bound), a parked one ``failed`` with its reason, and so is one
+    whose item cannot be run (its problem as the error). ``problem``: why the owner's
+    session item or page could not be read, the error when nothing else says one."""
     fields: dict[str, Any] = {
         "status": None,
         "seconds_since_last_message": None,
         "reconnects": None,
-        "last_error": None,
+        "last_error": item.problem or problem,
         "messages_per_second": None,
     }
     if item.desired_state != schema.STARTED:
         return fields | {"status": STOPPED}
     if item.parked_reason is not None:
         return fields | {"status": FAILED, "last_error": item.parked_reason}
+    if item.problem is not None:
+        return fields | {"status": FAILED}
     live = (
         session is not None
         and session.key == owning_session(item)
@@ -147,7 +158,7 @@ def health_fields(
         "status": entry.status,
         "seconds_since_last_message": since,
         "reconnects": entry.reconnects,
-        "last_error": entry.last_error,
+        "last_error": entry.last_error or problem,
         "messages_per_second": entry.rate,
     }
 
@@ -160,6 +171,7 @@ def connection_view(
     owned = owning_session(item) is not None
     session = owner.session if owned else None
     page = owner.page if owned else None
+    problem = owner.problem if owned else None
     return {
         "connection_id": item.connection_id,
         "state": item.desired_state,
@@ -179,7 +191,7 @@ def connection_view(
         "parked_reason": item.parked_reason,
         "parked_at": _iso(item.parked_at_ms),
         "failing_since": _iso(item.failing_since_ms),
-        **health_fields(item, session, page, now_ms),
+        **health_fields(item, session, page, now_ms, problem),
     }
 
 

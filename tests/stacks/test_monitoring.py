@@ -379,3 +379,18 @@ def test_dashboard_shows_what_streams_that_cannot_resume_lose(synth: Synthesized
     assert m.UPSTREAM_GAPS in named
     stats = {line[-1].get("stat") for line in gaps if isinstance(line[-1], dict)}
     assert {"p99", "Maximum"} <= stats
+
+
+def test_dashboard_shows_malformed_items_next_to_handler_errors(synth: Synthesized) -> None:
+    """Items that cannot be decoded or run cost only themselves, so nothing else shows
+    them: the count each worker publishes is on the dashboard."""
+    graphs = {
+        w["properties"]["title"]: w["properties"]["metrics"]
+        for w in _dashboard_widgets(synth)
+        if w["type"] == "metric"
+    }
+    errors = graphs["Handler errors / malformed items"]
+    assert {line[1] for line in errors if len(line) > 1} == {
+        m.HANDLER_ERRORS,
+        m.MALFORMED_ITEMS,
+    }

@@ -11,7 +11,7 @@ import pytest
 
 from tests.unit.expressions import Item, attempt, holds
 from wsfleet import schema, session_rules
-from wsfleet.item import to_attribute
+from wsfleet.item import MalformedItemError, to_attribute
 from wsfleet.lease_rules import fence_deadline
 from wsfleet.session_rules import (
     RenewRefusal,
@@ -114,7 +114,7 @@ def test_a_new_session_reads_back_as_alive_and_empty():
 def test_renew_update_exactly():
     update = renew_update(NOW, TIMING, connections=3)
     assert update.update_expression == "SET #expires = :expires, #conns = :conns"
-    assert update.condition_expression == "#state = :alive AND #expires <= :expires"
+    assert update.condition_expression == "#state = :alive AND NOT #expires > :expires"
     assert update.names == {
         "#state": "state",
         "#expires": "expires_at_ms",
@@ -136,7 +136,7 @@ def test_the_notices_acted_on_are_removed_in_the_renew(acted):
     assert update.update_expression == (
         "SET #expires = :expires, #conns = :conns DELETE #notices :acted"
     )
-    assert update.condition_expression == "#state = :alive AND #expires <= :expires"
+    assert update.condition_expression == "#state = :alive AND NOT #expires > :expires"
     assert update.names == {
         "#state": "state",
         "#expires": "expires_at_ms",
@@ -534,26 +534,17 @@ def test_a_session_item_reads_every_attribute():
     )
 
 
-def test_a_session_item_with_only_its_key_reads_as_dead():
-    """The key alone (a torn or foreign item) must never look alive."""
-    bare = SessionItem.from_dynamodb({"Pk": S("SESSIONS#0"), "Sk": S("host-1#0")})
-    assert bare == SessionItem(
-        worker_id="host-1",
-        session_gen=0,
-        state=schema.DEAD,
-        expires_at_ms=0,
-        started_at_ms=0,
-        reaped_at_ms=None,
-        reaped_by=None,
-        notices=frozenset(),
-        connections=0,
-        capacity=0,
-    )
-    assert not bare.alive
+def test_a_session_item_with_only_its_key_is_malformed_never_alive():
+    """The key alone (a torn or foreign item) must never look alive: without an expiry
+    nothing says when it lapses, so it is left out of the listings."""
+    with pytest.raises(MalformedItemError, match="expires_at_ms"):
+        SessionItem.from_dynamodb({"Pk": S("SESSIONS#0"), "Sk": S("host-1#0")})
 
 
 def test_the_worker_id_is_everything_before_the_last_hash_of_the_sort_key():
-    item = SessionItem.from_dynamodb({"Pk": S("SESSIONS#2"), "Sk": S("pod#a#b#12")})
+    item = SessionItem.from_dynamodb(
+        {"Pk": S("SESSIONS#2"), "Sk": S("pod#a#b#12"), "expires_at_ms": N(NOW)}
+    )
     assert item.key == ("pod#a#b", 12)
 
 

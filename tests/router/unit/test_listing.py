@@ -158,14 +158,21 @@ class ScanningTable:
         self.limits: list[int] = []
 
     def scan(self, **args: Any) -> dict[str, Any]:
-        assert args["FilterExpression"] == "#sk = :connection"
-        assert args["ExpressionAttributeNames"] == {"#sk": "Sk"}
-        assert args["ExpressionAttributeValues"] == {":connection": {"S": "CONN"}}
+        assert args["FilterExpression"] == "#sk = :connection AND begins_with(#pk, :prefix)"
+        assert args["ExpressionAttributeNames"] == {"#sk": "Sk", "#pk": "Pk"}
+        assert args["ExpressionAttributeValues"] == {
+            ":connection": {"S": "CONN"},
+            ":prefix": {"S": "CONN#"},
+        }
         self.limits.append(args["Limit"])
         start = args.get("ExclusiveStartKey")
         at = 0 if start is None else self.items.index(start) + 1
         evaluated = self.items[at : at + args["Limit"]]
-        page: dict[str, Any] = {"Items": [i for i in evaluated if i["Sk"]["S"] == "CONN"]}
+        page: dict[str, Any] = {
+            "Items": [
+                i for i in evaluated if i["Sk"]["S"] == "CONN" and i["Pk"]["S"].startswith("CONN#")
+            ]
+        }
         if at + args["Limit"] < len(self.items):
             page["LastEvaluatedKey"] = evaluated[-1]
         return page
