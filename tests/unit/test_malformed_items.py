@@ -171,3 +171,15 @@ def test_the_view_of_a_malformed_item_shows_its_problem_as_its_error() -> None:
     assert view["status"] == "failed"
     assert view["last_error"] == "malformed item: last_seq is not an integer"
     assert view["last_seq"] == 0
+
+
+def test_a_session_without_a_state_is_not_swept_before_it_is_reaped() -> None:
+    """Its owner may still be handling until its fence deadline: only DEAD is swept."""
+    stateless = SessionItem("w1", 2, None, NOW, reaped_at_ms=NOW, reaped_by="w2")
+    assert not session_rules.may_sweep(stateless, "w2", NOW + 10_000, 0)
+    assert session_rules.may_sweep(
+        SessionItem("w1", 2, schema.DEAD, NOW, reaped_at_ms=NOW, reaped_by="w2"),
+        "w2",
+        NOW,
+        0,
+    )
