@@ -550,6 +550,16 @@ def park_update(lease: Lease, last_seq: int, reason: str, now_ms: int) -> Condit
     )
 
 
+_PARK_UNRUN_NAMES = (
+    "#owner",
+    "#sgen",
+    "#okey",
+    "#token",
+    "#free",
+    "#parked",
+    "#parkedat",
+    "#updated",
+)
 _PARK_UNRUN = (
     "REMOVE #owner, #sgen, #okey, #token, #free"
     " SET #parked = :reason, #parkedat = :now, #updated = :now"
@@ -566,17 +576,7 @@ def park_malformed_update(lease: Lease, reason: str, now_ms: int) -> Conditional
     return ConditionalUpdate(
         update_expression=_PARK_UNRUN,
         condition_expression="#owner = :me AND #epoch = :epoch",
-        names=_names(
-            "#owner",
-            "#sgen",
-            "#okey",
-            "#token",
-            "#free",
-            "#parked",
-            "#parkedat",
-            "#updated",
-            "#epoch",
-        ),
+        names=_names(*_PARK_UNRUN_NAMES, "#epoch"),
         values=_values(
             me=lease.owner, epoch=lease.epoch, reason=reason[:MAX_REASON_CHARS], now=now_ms
         ),
@@ -596,17 +596,7 @@ def park_seen_update(seen: ConnectionItem, reason: str, now_ms: int) -> Conditio
     return ConditionalUpdate(
         update_expression=_PARK_UNRUN,
         condition_expression=(f"{held} AND #state = :started AND attribute_not_exists(#parked)"),
-        names=_names(
-            "#owner",
-            "#sgen",
-            "#okey",
-            "#token",
-            "#free",
-            "#parked",
-            "#parkedat",
-            "#updated",
-            "#state",
-        ),
+        names=_names(*_PARK_UNRUN_NAMES, "#state"),
         values=_values(reason=reason[:MAX_REASON_CHARS], now=now_ms, started=schema.STARTED)
         | held_values,
     )

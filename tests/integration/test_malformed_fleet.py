@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support.fleet import TIMING, Fleet, wait_until
+from tests.support.stores import with_attributes
 from tests.support.timing import scaled
 from wsfleet import schema
 
@@ -41,12 +42,7 @@ def connection(fleet: Fleet, connection_id: str, **attributes: Any) -> dict[str,
         "start_gen": {"N": "1"},
         "seq_gen": {"N": "0"},
     }
-    for name, value in attributes.items():
-        if value is None:
-            item.pop(name, None)
-        else:
-            item[name] = value
-    return item
+    return with_attributes(item, attributes)
 
 
 def put_malformed_items(fleet: Fleet) -> None:

@@ -33,3 +33,14 @@ def eventually(
         if wanted(got) or time.monotonic() >= deadline:
             return got
         time.sleep(0.02)
+
+
+def with_attributes(item: dict[str, Any], attributes: dict[str, Any]) -> dict[str, Any]:
+    """A typed item with ``attributes`` set on it (a value of None removes one)."""
+    changed = dict(item)
+    for name, value in attributes.items():
+        if value is None:
+            changed.pop(name, None)
+        else:
+            changed[name] = value
+    return changed

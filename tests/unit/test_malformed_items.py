@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from lambdas.router.views import connection_view
+from tests.support.stores import with_attributes
 from tests.unit.expressions import attempt
 from wsfleet import lease_rules, schema, session_rules
 from wsfleet.checkpoint_page import decode_entries
@@ -41,12 +42,7 @@ def stored(**attributes: Any) -> dict[str, Any]:
         "start_gen": {"N": "2"},
         "seq_gen": {"N": "1"},
     }
-    for name, value in attributes.items():
-        if value is None:
-            item.pop(name, None)
-        else:
-            item[name] = value
-    return item
+    return with_attributes(item, attributes)
 
 
 # --- connection items ------------------------------------------------------------------
@@ -136,12 +132,7 @@ def session(**attributes: Any) -> dict[str, Any]:
         "expires_at_ms": {"N": str(NOW)},
         "started_at_ms": {"N": str(NOW - 60_000)},
     }
-    for name, value in attributes.items():
-        if value is None:
-            item.pop(name, None)
-        else:
-            item[name] = value
-    return item
+    return with_attributes(item, attributes)
 
 
 def test_a_session_without_a_state_is_reaped_once_it_lapsed() -> None:
