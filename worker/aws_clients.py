@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import boto3
 from botocore.config import Config
 
-from wsfleet.timing import LeaseTiming
+from wsfleet.timing import RENEWS_IN_FLIGHT, LeaseTiming
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -54,15 +54,17 @@ def dynamodb_config(timing: LeaseTiming, pool_size: int) -> Config:
 
 
 def renew_config(timing: LeaseTiming) -> Config:
-    """One attempt per session renew, bounded by a third of a heartbeat: the renew
-    thread itself retries (a quarter heartbeat later), so the fence window holds three
-    attempts."""
+    """One attempt per session renew, awaited for the whole fence window: an answer
+    within it moves the fence deadline however slow it was, one after it could not.
+    The keeper sends the next renew a heartbeat later meanwhile (worker.renew_plan), so
+    up to :data:`RENEWS_IN_FLIGHT` requests run at once, each on a pooled connection of
+    its own."""
     per_attempt = timing.renew_attempt_timeout
     return Config(
         connect_timeout=per_attempt,
         read_timeout=per_attempt,
         retries={"mode": "standard", "total_max_attempts": 1},
-        max_pool_connections=2,
+        max_pool_connections=RENEWS_IN_FLIGHT + 1,
     )
 
 

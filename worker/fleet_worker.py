@@ -10,7 +10,7 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +20,7 @@ from worker.balancer import Balancer
 from worker.capacity import Capacity
 from worker.config import WorkerConfig
 from worker.connect_pacing import ConnectPacer
-from worker.connection import ConnectionRunner, ConnectionSettings, Outcome
+from worker.connection import TASK_STOP_SECONDS, ConnectionRunner, ConnectionSettings, Outcome
 from worker.connection_state import Ending
 from worker.credentials import SecretCache
 from worker.delivery import AnyHandler
@@ -96,6 +96,8 @@ class Worker:
         self._runners: dict[str, ConnectionRunner] = {}
         self._acquiring: dict[str, asyncio.Task[Any]] = {}
         self._owning: set[asyncio.Task[None]] = set()
+        self._own_tasks: dict[str, asyncio.Task[None]] = {}
+        """Each runner's task, by connection id."""
         self._handing_off: dict[str, asyncio.Future[bool]] = {}
         """Connections being handed off: whether their release landed."""
         self._released: dict[str, float] = {}
@@ -231,7 +233,7 @@ class Worker:
 
     def movable(self) -> list[str]:
         """Connections that may be handed off: run under the open session, not ending."""
-        gen = self._session_gen
+        gen = self.session_gen
         return [
             cid
             for cid, runner in self._runners.items()
@@ -462,6 +464,7 @@ class Worker:
         self._unanswered.pop(connection_id, None)  # a new hold: the old one is settled
         self._runners[connection_id] = runner
         task = asyncio.create_task(self._own(runner), name=f"own:{connection_id}")
+        self._own_tasks[connection_id] = task
         self._owning.add(task)
         task.add_done_callback(self._owning.discard)
         return AcquireResult.WON
@@ -562,6 +565,7 @@ class Worker:
             log.exception("connection runner crashed", extra={"connection_id": connection_id})
         finally:
             del self._runners[connection_id]
+            self._own_tasks.pop(connection_id, None)
             self._released[connection_id] = time.monotonic()
             if outcome is None or (outcome.ending.releases and not outcome.released):
                 self._doubt = True
@@ -643,11 +647,12 @@ class Worker:
                 self.worker_id,
                 gen,
                 loop,
-                SessionEvents(self._renewed, self._renew_failed, self._reaped),
+                SessionEvents(self._renewed, self._renew_failed, self._reaped, self._given_up),
                 wall_ms=self._wall_ms,
                 connections=self.balancer.published_connections,
                 capacity=self._published_capacity,
                 first_renew_at=sent_at + timing.heartbeat,
+                opened_at=sent_at,
             )
             self._keeper.start()
             self._page_written = {}
@@ -655,7 +660,7 @@ class Worker:
             return
 
     def _renewed(self, gen: int, sent_at: float, lateness: float, notices: frozenset[str]) -> None:
-        if gen != self._session_gen:
+        if gen != self.session_gen:
             return
         now = asyncio.get_running_loop().time()
         gap = None if self._last_renew_sent is None else sent_at - self._last_renew_sent
@@ -678,27 +683,89 @@ class Worker:
             task.add_done_callback(self._owning.discard)
 
     def _renew_failed(self, gen: int, lateness: float) -> None:
-        if gen == self._session_gen:
+        if gen == self.session_gen:
             self.metrics.count(m.RENEW_FAILURES)
             self.metrics.renew_lateness(lateness)
 
     def _reaped(self, gen: int) -> None:
         """The session is DEAD: every connection of it is lost (others take them over
         from the last page). Open a new session and go on."""
-        if gen != self._session_gen:
+        if gen != self.session_gen:
             return
-        self._session_live = False
         self.metrics.count(m.RENEW_FAILURES)
         log.error(
             "session reaped: its connections are lost",
             extra={"session_gen": gen, "connections": len(self._runners)},
         )
-        for runner in list(self._runners.values()):
+        self._lose_session(gen)
+        self._next_session(self.open_session())
+
+    def _given_up(self, gen: int) -> None:
+        """No renew of the session landed for its fence window and a heartbeat more
+        (its keeper has stopped renewing it): its connections have been paused for a
+        heartbeat. Give them up rather than hold them dark: they end as lost, the
+        session is marked DEAD so that others take them over from its page, and the
+        next session opens (docs/DESIGN.md §3.6)."""
+        if gen != self.session_gen:
+            return
+        self.metrics.count(m.RENEW_FAILURES)
+        log.error(
+            "session given up: no renew landed for its fence window; its connections"
+            " go to the others",
+            extra={"session_gen": gen, "connections": len(self._runners)},
+        )
+        ending = self._lose_session(gen)
+        self._next_session(self._retire_given_up(gen, ending))
+
+    def _lose_session(self, gen: int) -> list[asyncio.Task[None]]:
+        """End every connection of session ``gen`` as lost, and let no runner start or
+        resume under it any more; returns the tasks of the runners ending."""
+        self._session_live = False
+        ending = []
+        for cid, runner in list(self._runners.items()):
             if runner.lease.session_gen == gen:
                 runner.stop(Ending.LOST)
+                task = self._own_tasks.get(cid)
+                if task is not None:
+                    ending.append(task)
         self._keeper = None
-        if not self._closing and (self._opening is None or self._opening.done()):
-            self._opening = asyncio.create_task(self.open_session(), name="open-session")
+        return ending
+
+    def _next_session(self, opening: Coroutine[Any, Any, None]) -> None:
+        if self._closing or (self._opening is not None and not self._opening.done()):
+            opening.close()
+            return
+        self._opening = asyncio.create_task(opening, name="open-session")
+
+    async def _retire_given_up(self, gen: int, ending: list[asyncio.Task[None]]) -> None:
+        """Mark a given-up session DEAD once its runners have ended (no handler call of
+        it runs any more), then open the next one. The retire goes through the renew's
+        client (awaited for a fence window, like a renew), and errors are retried for
+        the release budget; if it never lands, the session lapses a lease after its
+        last renew and is reaped like a crashed one's."""
+        if ending:
+            await asyncio.wait(ending, timeout=TASK_STOP_SECONDS)
+        loop = asyncio.get_running_loop()
+        timing = self.config.timing
+        give_up_at = loop.time() + timing.release_budget
+        delays = backoff_delays(initial=0.1, maximum=timing.heartbeat, rng=self._rng.random)
+        while True:
+            try:
+                retired = await loop.run_in_executor(
+                    None, self._renewals.retire, self.worker_id, gen, self._wall_ms()
+                )
+            except Exception as error:
+                if loop.time() >= give_up_at:
+                    log.warning(
+                        "could not retire the given-up session; it lapses",
+                        extra={"session_gen": gen, "error": repr(error)},
+                    )
+                    break
+                await asyncio.sleep(next(delays))
+                continue
+            log.info("given-up session retired", extra={"session_gen": gen, "retired": retired})
+            break
+        await self.open_session()
 
     async def _act_on_notices(self, tokens: set[str]) -> None:
         """The router stopped or restarted some of this session's connections: read

@@ -19,6 +19,12 @@ Amazon Time Sync Service on Fargate), which holds them within milliseconds."""
 DEFAULT_CHECKPOINT_SECONDS: Final = 5.0
 MAX_CHECKPOINT_SECONDS: Final = 300.0
 RENEW_ATTEMPTS_IN_FENCE_WINDOW: Final = 3
+"""Session renews sent within one fence window: two in a row may fail to land in time
+without a pause."""
+RENEWS_IN_FLIGHT: Final = 4
+"""At most this many session renews are awaited at once (one more goes out every
+heartbeat while earlier ones are still unanswered). Four cover a whole fence window at
+the default timings (2.0 s / 0.6 s) and at the tests' (1.6 s / 0.5 s)."""
 HEALTH_MIN_SECONDS: Final = 10.0
 OWN_CHECK_PASSES: Final = 4
 """Every how many reconcile passes a worker lists its own ``by-owner`` entries, unless
@@ -69,8 +75,9 @@ class LeaseTiming:
         return timing
 
     def validate(self) -> None:
-        """Raise :class:`InvalidTimingError` unless a session gets three renew attempts
-        before it must fence itself, and the skew is small against the lease."""
+        """Raise :class:`InvalidTimingError` unless three session renews are sent within
+        one fence window (the worker pauses only when three in a row did not land in
+        time), and the skew is small against the lease."""
         for name in ("lease", "heartbeat", "reconcile", "checkpoint"):
             if not getattr(self, name) > 0:
                 raise InvalidTimingError(f"{name} must be > 0 s, got {getattr(self, name)}")
@@ -107,9 +114,18 @@ class LeaseTiming:
 
     @property
     def renew_attempt_timeout(self) -> float:
-        """Bound of one session-renew request: a third of a heartbeat, so a hung
-        request never eats more than a slice of the fence window."""
-        return self.heartbeat / 3
+        """Bound of one session-renew request: the fence window, the whole span an
+        attempt can still extend (it extends the deadline to its send plus the window,
+        so an answer after that proves nothing any more; one before it counts, however
+        late). Later attempts go out meanwhile, a heartbeat apart (docs/DESIGN.md §3.1)."""
+        return self.fence_after
+
+    @property
+    def give_up_after(self) -> float:
+        """Seconds after the send of the last renew that landed at which the worker gives
+        the session up (docs/DESIGN.md §3.6): its fence deadline and one heartbeat more,
+        in which the renews still in flight may land and resume it."""
+        return self.fence_after + self.heartbeat
 
     @property
     def stale_health_after(self) -> float:

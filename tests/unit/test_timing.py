@@ -150,15 +150,25 @@ def test_the_health_check_allows_three_heartbeats_and_never_less_than_ten_second
 
 
 @pytest.mark.parametrize(
-    ("timing", "attempt"),
+    ("timing", "attempt", "give_up"),
     [
-        (LeaseTiming.from_lease(), pytest.approx(0.2)),
-        (LeaseTiming.from_lease(2, heartbeat=0.5, reconcile=0.5, skew=0.2), pytest.approx(0.5 / 3)),
-        (LeaseTiming.from_lease(20, heartbeat=3), 1.0),
+        (LeaseTiming.from_lease(), pytest.approx(2.0), pytest.approx(2.6)),
+        (
+            LeaseTiming.from_lease(2, heartbeat=0.5, reconcile=0.5, skew=0.2),
+            pytest.approx(1.6),
+            pytest.approx(2.1),
+        ),
+        (LeaseTiming.from_lease(20, heartbeat=3), pytest.approx(17.75), pytest.approx(20.75)),
     ],
 )
-def test_one_renew_attempt_takes_at_most_a_third_of_a_heartbeat(timing, attempt):
-    assert timing.renew_attempt_timeout == attempt
+def test_a_renew_is_awaited_for_the_fence_window_and_the_session_given_up_a_heartbeat_later(
+    timing, attempt, give_up
+):
+    """A renew's answer counts as long as it can still move the fence deadline (its send
+    plus the window); with nothing landing, the session is given up one heartbeat past
+    the deadline."""
+    assert timing.renew_attempt_timeout == attempt == timing.fence_after
+    assert timing.give_up_after == give_up
 
 
 @pytest.mark.parametrize(
