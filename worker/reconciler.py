@@ -256,11 +256,10 @@ class Reconciler:
             for item in entries
             if item.started and not item.parked and item.problem is None
         }
-        reaper = session.reaped_by == me
+        reaper_id = session_rules.reaper_of(session)
+        reaper = reaper_id == me
         fallback = session_rules.reaper_fallback_ms(session, timing)
-        room = (
-            None if now_ms >= fallback else session_rules.reaper_room(sessions, session.reaped_by)
-        )
+        room = None if now_ms >= fallback else session_rules.reaper_room(sessions, reaper_id)
         share = session_rules.takeover_share(
             sorted(started), reaper=reaper, reaper_room=room, free=self._capacity.free
         )

@@ -306,15 +306,29 @@ def offer_update(tokens: Iterable[str]) -> ConditionalUpdate:
 # --- sweeping a dead session -------------------------------------------------------------
 
 
+def reaper_of(session: SessionItem) -> str | None:
+    """The worker the others leave a DEAD session's connections to: its reaper, or
+    nobody when its own worker retired it. A graceful retire leaves nothing to take; a
+    session given up (docs/DESIGN.md §3.6) leaves everything, and its worker has just
+    shown that it cannot keep them."""
+    if session.reaped_by == session.worker_id:
+        return None
+    return session.reaped_by
+
+
 def may_sweep(session: SessionItem, me: str, now_ms: int, grace_ms: int) -> bool:
     """Whether this worker takes a DEAD session's connections now. The reaper goes at
     once (it takes all it has room for); others wait ``grace_ms`` after the reap and
-    take what is left (the excess), so they do not race the reaper's writes."""
+    take what is left (the excess), so they do not race the reaper's writes. A session
+    retired by its own worker has no reaper to wait for (:func:`reaper_of`): everyone
+    goes at once."""
     # DEAD only: a session without a state is reaped first (its owner may still be
     # handling until its fence deadline).
     if session.state != schema.DEAD or session.reaped_at_ms is None:
         return False
-    return session.reaped_by == me or now_ms >= session.reaped_at_ms + grace_ms
+    return session.reaped_by in (me, session.worker_id) or (
+        now_ms >= session.reaped_at_ms + grace_ms
+    )
 
 
 def takeover_share(

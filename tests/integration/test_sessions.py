@@ -3,12 +3,15 @@ a paused owner do (docs/DESIGN.md §3). Deadlines are about twice the promised b
 
 from __future__ import annotations
 
+import itertools
 import signal
 import time
 
 import pytest
 
-from local_stack.audit import stale_deliveries
+from benchmarks.tcp_proxy import ProxyThread
+from local_stack.audit import Record, stale_deliveries
+from local_stack.workers import wait_ready
 from tests.support.fleet import TIMING, Fleet, wait_until
 from tests.support.timing import scaled
 from wsfleet import schema
@@ -118,3 +121,69 @@ def test_a_stop_whose_notice_was_lost_is_noticed_by_the_owners_reconcile(fleet: 
     item = fleet.item("quiet-stop")
     assert item.desired_state == schema.STOPPED
     assert item.last_seq == fleet.highest_seq("quiet-stop")  # the final checkpoint
+
+
+def longest_dark(records: list[Record], connection_id: str, since: float) -> float:
+    """The longest time ``connection_id`` went without a delivery (by any worker),
+    from its last delivery at or before ``since`` to its last one."""
+    times = sorted(r.t for r in records if r.connection_id == connection_id)
+    before = [t for t in times if t <= since]
+    span = [before[-1] if before else since, *(t for t in times if t > since)]
+    return max((b - a for a, b in itertools.pairwise(span)), default=0.0)
+
+
+@pytest.mark.parametrize(
+    ("one_way", "given_up"),
+    [(0.15, False), (1.0, True)],
+    ids=["round-trips-0.3s", "round-trips-2s"],
+)
+def test_one_slow_worker_leaves_no_connection_dark_longer_than_the_crash_bound(
+    fleet: Fleet, one_way: float, given_up: bool
+):
+    """One worker's DynamoDB round trips slow down to 0.3 s (more than a third of a
+    heartbeat: its renews still land in their window and count, and it keeps
+    delivering), or to 2 s (more than the 1.6 s fence window: it gives its session up,
+    and the other worker takes its connections over). Either way no connection goes
+    without deliveries for longer than the crash failover bound, and none is handled
+    under an epoch that was superseded."""
+    ids = [f"slow-{i}" for i in range(3)]
+    with ProxyThread() as proxies:
+        proxy = proxies.add(int(fleet.endpoints.dynamodb.rsplit(":", 1)[1]))
+        slow = fleet.launch_worker(
+            "slow", fleet.worker_env("slow", dynamodb_endpoint=proxy.endpoint)
+        )
+        wait_ready([slow], scaled(30))
+        for cid in ids:
+            fleet.start_connection(cid)
+        fleet.wait_handling(ids, scaled(15))
+        other = fleet.start_worker("other")
+        slowed_at = time.time()
+        proxy.delay(one_way)
+        # Long enough past the slowdown for a paused connection to show (the fence
+        # window) and for a given-up one to be taken over (the crash bound).
+        watch_until = slowed_at + TIMING.fence_after + CRASH_BOUND
+
+        def all_flowing_after() -> bool:
+            records = fleet.records()
+            return all(
+                any(r.connection_id == cid and r.t > watch_until for r in records) for cid in ids
+            )
+
+        wait_until(
+            all_flowing_after,
+            scaled(2 * CRASH_BOUND) + (watch_until - time.time()),
+            "every connection to be delivering again past the slowdown",
+        )
+        records = fleet.records()
+        dark = {cid: longest_dark(records, cid, slowed_at) for cid in ids}
+        print(f"longest without deliveries at {2 * one_way:g} s round trips: {dark}")
+        assert max(dark.values()) <= CRASH_BOUND, dark
+        after = [r for r in records if r.t > watch_until]
+        if given_up:
+            assert {r.worker for r in after} == {other.worker_id}
+            assert "session given up" in slow.log()
+        else:
+            assert {r.worker for r in after} == {slow.worker_id}
+            assert "session fence deadline passed" not in slow.log()
+        proxy.heal()
+    fleet.assert_clean_audit()

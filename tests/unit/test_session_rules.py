@@ -28,6 +28,7 @@ from wsfleet.session_rules import (
     reap_cutoff_ms,
     reap_update,
     reaper_fallback_ms,
+    reaper_of,
     reaper_room,
     renew_failure,
     renew_update,
@@ -445,19 +446,14 @@ REAPED_AT = NOW - 500
             REAPED_AT + GRACE,
             True,
         ),
-        # retired by its owner: everyone else waits the grace
+        # retired by its own worker (given up): nobody is its reaper, everyone goes at once
         (
             {"state": schema.DEAD, "reaped_by": ME, "reaped_at_ms": REAPED_AT},
             REAPER,
             REAPED_AT,
-            False,
-        ),
-        (
-            {"state": schema.DEAD, "reaped_by": ME, "reaped_at_ms": REAPED_AT},
-            REAPER,
-            REAPED_AT + GRACE,
             True,
         ),
+        ({"state": schema.DEAD, "reaped_by": ME, "reaped_at_ms": REAPED_AT}, ME, REAPED_AT, True),
         ({"state": schema.DEAD, "reaped_at_ms": REAPED_AT}, REAPER, REAPED_AT + GRACE, True),
         ({"state": schema.DEAD, "reaped_at_ms": 0}, REAPER, 0, False),  # 0 is a reap time
     ],
@@ -611,6 +607,22 @@ def _live(worker: str, connections: int, capacity: int, state: str = schema.ALIV
 )
 def test_the_room_of_the_reaper_comes_from_its_live_session(sessions, reaper, room):
     assert reaper_room(sessions, reaper) == room
+
+
+@pytest.mark.parametrize(
+    ("fields", "reaper"),
+    [
+        ({"state": schema.DEAD, "reaped_by": REAPER, "reaped_at_ms": REAPED_AT}, REAPER),
+        ({"state": schema.DEAD, "reaped_by": ME, "reaped_at_ms": REAPED_AT}, None),
+        ({"state": schema.DEAD, "reaped_at_ms": REAPED_AT}, None),
+    ],
+)
+def test_a_session_retired_by_its_own_worker_has_no_reaper_to_leave_anything_to(fields, reaper):
+    """A session given up is retired with its connections: its worker's next session,
+    however much room it publishes, is not waited for."""
+    assert reaper_of(session(**fields)) == reaper
+    if reaper is None:  # so the others take anything, at once
+        assert reaper_room([_live(ME, 0, 500)], reaper) is None
 
 
 @pytest.mark.parametrize(
