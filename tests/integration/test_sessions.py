@@ -149,14 +149,17 @@ def test_one_slow_worker_leaves_no_connection_dark_longer_than_the_crash_bound(
     ids = [f"slow-{i}" for i in range(3)]
     with ProxyThread() as proxies:
         proxy = proxies.add(int(fleet.endpoints.dynamodb.rsplit(":", 1)[1]))
+        # No balance rounds: a move between the two would change who delivers for
+        # reasons that have nothing to do with the renew.
+        no_balance = {"BALANCE_ROUND_SECONDS": "0"}
         slow = fleet.launch_worker(
-            "slow", fleet.worker_env("slow", dynamodb_endpoint=proxy.endpoint)
+            "slow", fleet.worker_env("slow", no_balance, dynamodb_endpoint=proxy.endpoint)
         )
         wait_ready([slow], scaled(30))
         for cid in ids:
             fleet.start_connection(cid)
         fleet.wait_handling(ids, scaled(15))
-        other = fleet.start_worker("other")
+        other = fleet.start_worker("other", **no_balance)
         slowed_at = time.time()
         proxy.delay(one_way)
         # Long enough past the slowdown for a paused connection to show (the fence
