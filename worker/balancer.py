@@ -8,8 +8,9 @@ its last renew published it) and carries out this worker's part of the plan:
 - **room**: the reconciler's unowned sweep and balance offers take only up to
   :meth:`Balancer.room` (start messages, ``reassign`` hints, drains and the takeover
   of a dead session are not limited by it, only by capacity);
-- **rounds**: at most every ``BALANCE_ROUND_SECONDS``, a worker above its share by
-  more than the tolerance stops the planned number of its connections with a
+- **rounds**: at most every ``BALANCE_ROUND_SECONDS``, and not while the listing
+  shows a crash failover under way, a worker above its share by more than the
+  tolerance stops the planned number of its connections with a
   graceful release (the final checkpoint goes into the item) and offers them, one
   write per receiver and chunk of 50, on the receivers' session items. A receiver's
   next renew (within a heartbeat) returns the offer, and it acquires them: nothing is
@@ -204,8 +205,23 @@ class Balancer:
         if self.in_flight():
             # Its last hand-over has not settled: the listing may not count it yet.
             return False
+        if self.failover_listed():
+            return False
         self._next_round_at = now + settings.round_seconds
         return True
+
+    def failover_listed(self) -> bool:
+        """Whether the last listing shows a crash failover under way: a session lapsed
+        (ALIVE past its expiry) or reaped and not forgotten yet. Its connections are in
+        no live load until taken over, and its takers publish theirs at different
+        moments, so a round planned now would move what the takeover has just placed,
+        often before its first delivery; the round waits until the session is gone (a
+        retired session, a graceful shutdown's, does not hold it back)."""
+        now_ms = self._wall_ms()
+        return any(
+            (s.alive and s.expires_at_ms <= now_ms) or (not s.alive and s.reaped_by != s.worker_id)
+            for s in self._listed
+        )
 
     async def balance_once(self) -> int:
         """One round: hand this worker's excess to the workers below their share.

@@ -1,13 +1,16 @@
-"""Every reconcile interval (jittered +-20%), one pass over the table:
+"""Every reconcile interval (jittered +-20%), and when a session listed ALIVE lapses if
+it was not renewed, one pass over the table:
 
 1. **Sessions.** List every session (a Query per session item collection, no index).
-   Reap each lapsed one (mark it DEAD, once, finally), and sweep each DEAD one: take
-   over its STARTED connections (the reaper at once, from the front of the sorted ids,
-   up to its capacity; others a heartbeat later, from the back, only the excess beyond
-   the reaper's room, and anything once four leases have passed since the reap or the
-   reaper's session is gone), clear the
-   owner of its STOPPED ones, and forget the session and its page once nothing has
-   been seen under it for a full lease.
+   Reap each lapsed one (mark it DEAD, once, finally), recording in the reap who takes
+   which of its connections (parts of the sorted ids, the reaper's first, that bring
+   every taker towards its fair share, none beyond its room), and
+   sweep each DEAD one: take over its STARTED connections (each worker its own part,
+   at once; a part whose taker is gone or full to whoever rendezvous hashing picks;
+   anything once four leases have passed since the reap; a reap that recorded no plan,
+   by an older worker, by the rules before it), clear the owner of its STOPPED ones,
+   and forget the session and its page once nothing has been seen under it for a full
+   lease.
 2. **Own connections** (every four passes, and on the pass after a write whose outcome
    is unknown). Compare this session's ``by-owner`` entries with what the worker runs,
    and release the difference (an acquire whose reply was lost must not leave a
@@ -131,6 +134,18 @@ class Reconciler:
         grace = 2 * store.timing.heartbeat if balancer.enabled else 0.0
         self._sightings = FreeSightings(grace)
         self._passes_to_own_check = rng.randrange(OWN_CHECK_PASSES)
+        self._listed: list[SessionItem] = []
+
+    def next_pass_in(self, interval: float) -> float:
+        """Seconds to the next pass: ``interval``, or less when a session listed ALIVE
+        lapses before then if it is not renewed (:func:`session_rules.next_reap_ms`),
+        so that every worker reaps, or takes its part, as soon as the reap may pass."""
+        mine = (self._owner.worker_id, self._owner.session_gen)
+        now_ms = self._wall_ms()
+        due = session_rules.next_reap_ms(self._listed, mine, now_ms, self._store.timing)
+        if due is None:
+            return interval
+        return min(interval, (due - now_ms) / 1000)
 
     async def run(self) -> None:
         interval = self._store.timing.reconcile
@@ -139,7 +154,7 @@ class Reconciler:
                 await self.reconcile_once()
             except Exception as error:
                 log.warning("reconcile pass failed", extra={"error": repr(error)})
-            await asyncio.sleep(jittered(interval, 0.2, self._rng.random))
+            await asyncio.sleep(self.next_pass_in(jittered(interval, 0.2, self._rng.random)))
 
     async def reconcile_once(self) -> list[str]:
         """One pass; returns the ids this worker took (by takeover or acquire)."""
@@ -159,6 +174,7 @@ class Reconciler:
         graceful shutdown publishes capacity 0 until its last release), in which case
         this pass looks for free connections in every shard, not only two."""
         sessions = await self._call(self._sessions.list_sessions, self._report_malformed)
+        self._listed = sessions
         self._balancer.observe(sessions)
         mine = (self._owner.worker_id, self._owner.session_gen)
         taken: list[str] = []
@@ -189,42 +205,79 @@ class Reconciler:
 
     async def _reap_and_sweep(self, session: SessionItem, sessions: list[SessionItem]) -> list[str]:
         now_ms = self._wall_ms()
+        entries: list[ConnectionItem] | None = None
         if session_rules.is_lapsed(session, now_ms, self._store.timing):
-            me = self._owner.worker_id
-            if not await self._call(self._sessions.reap, session, me, now_ms):
-                return []  # another worker reaped it (or it was renewed): next pass
-            self._metrics.count(m.SESSIONS_REAPED)
-            log.warning(
-                "session reaped",
-                extra={
-                    "session_worker": session.worker_id,
-                    "session_gen": session.session_gen,
-                    "lapsed_ms": now_ms - session.expires_at_ms,
-                },
-            )
-            session = replace(
-                session,
-                state=schema.DEAD,
-                reaped_at_ms=now_ms,
-                reaped_by=self._owner.worker_id,
-            )
+            reaped, entries = await self._reap(session, sessions, now_ms)
+            if reaped is None:
+                return []  # renewed after all, or reaped by another without a plan
+            session = reaped
         if session.state != schema.DEAD:
             return []
-        return await self._sweep(session, sessions)
+        return await self._sweep(session, sessions, entries)
 
     def _report_malformed(self, error: MalformedItemError) -> None:
         self._metrics.malformed_item(error.key, error.problem)
 
-    async def _sweep(self, session: SessionItem, sessions: list[SessionItem]) -> list[str]:
+    async def _reap(
+        self, session: SessionItem, sessions: list[SessionItem], now_ms: int
+    ) -> tuple[SessionItem | None, list[ConnectionItem]]:
+        """Reap a lapsed session, recording who takes which of its connections (listed
+        first, and handed on to the sweep); returns it as DEAD, or, when another
+        worker's reap came first, as that reap left it (read back, so its plan is
+        followed in this pass), or None."""
+        me = self._owner.worker_id
+        entries = await self._call(self._store.owned_by, session.worker_id, session.session_gen)
+        takers = session_rules.takeover_plan(
+            [
+                item.connection_id
+                for item in entries
+                if item.started and not item.parked and item.problem is None
+            ],
+            reaper=me,
+            room=self._capacity.free,
+            sessions=sessions,
+            now_ms=now_ms,
+        )
+        if not await self._call(self._sessions.reap, session, me, now_ms, takers):
+            current = await self._call(
+                self._sessions.get_session, session.worker_id, session.session_gen
+            )
+            if current is None or current.alive or current.takers is None:
+                return None, entries
+            return current, entries
+        self._metrics.count(m.SESSIONS_REAPED)
+        log.warning(
+            "session reaped",
+            extra={
+                "session_worker": session.worker_id,
+                "session_gen": session.session_gen,
+                "lapsed_ms": now_ms - session.expires_at_ms,
+                "takers": len(takers),
+            },
+        )
+        return replace(
+            session, state=schema.DEAD, reaped_at_ms=now_ms, reaped_by=me, takers=takers
+        ), entries
+
+    async def _sweep(
+        self,
+        session: SessionItem,
+        sessions: list[SessionItem],
+        listed: list[ConnectionItem] | None = None,
+    ) -> list[str]:
         timing = self._store.timing
         now_ms = self._wall_ms()
         grace_ms = round(timing.heartbeat * 1000)
         me = self._owner.worker_id
         if not session_rules.may_sweep(session, me, now_ms, grace_ms):
             return []
-        entries = await self._call(self._store.owned_by, session.worker_id, session.session_gen)
-        listed = {s.key for s in sessions}
-        for gen in session_rules.unlisted_predecessors(session, listed):
+        entries = list(
+            listed
+            if listed is not None
+            else await self._call(self._store.owned_by, session.worker_id, session.session_gen)
+        )
+        keys = {s.key for s in sessions}
+        for gen in session_rules.unlisted_predecessors(session, keys):
             # An acquire that landed under an earlier session of this worker after that
             # session was forgotten, and that the worker never gave back: nobody else
             # lists it, so whoever sweeps the worker's last session takes it too. The
@@ -256,12 +309,15 @@ class Reconciler:
             for item in entries
             if item.started and not item.parked and item.problem is None
         }
-        reaper_id = session_rules.reaper_of(session)
-        reaper = reaper_id == me
-        fallback = session_rules.reaper_fallback_ms(session, timing)
-        room = None if now_ms >= fallback else session_rules.reaper_room(sessions, reaper_id)
-        share = session_rules.takeover_share(
-            sorted(started), reaper=reaper, reaper_room=room, free=self._capacity.free
+        reaper = session_rules.reaper_of(session) == me
+        share = session_rules.sweep_share(
+            session,
+            list(started),
+            me=me,
+            sessions=sessions,
+            free=self._capacity.free,
+            now_ms=now_ms,
+            timing=timing,
         )
         if not share:
             return []
@@ -291,6 +347,7 @@ class Reconciler:
                 "share": len(share),
                 "taken": len(taken),
                 "reaper": reaper,
+                "planned": session.takers is not None,
                 "failed_conditional_writes": self._store.takeover_conflicts - conflicts_before,
                 "page_entries": 0 if page is None else len(page.entries),
             },

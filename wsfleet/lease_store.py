@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from wsfleet import lease_rules, schema
 from wsfleet.checkpoint_page import CheckpointPage, page_advance_ms, resume_seq
@@ -187,7 +187,14 @@ class LeaseStore:
         (one condition failed: an item changed since it was read) is taken apart: each
         of its connections goes through :meth:`take_over`, which decides on its own
         item. A few requests take over hundreds of connections, so a takeover is not
-        bound by one round trip per connection."""
+        bound by one round trip per connection.
+
+        A transaction whose answer never came (a timeout, a connection lost: its
+        outcome is unknown) is read back: it landed whole or not at all, and its token
+        on the items tells which. Landed, its connections are this session's as if it
+        had answered; not landed, they are taken apart like a refused one. (Left in
+        doubt, they would be owned by this session and run by nobody until the own
+        check released them, seconds later.)"""
         results: dict[str, Lease | TakeoverStep] = {}
         for start in range(0, len(seen), TAKEOVER_BATCH):
             chunk = list(seen[start : start + TAKEOVER_BATCH])
@@ -213,6 +220,7 @@ class LeaseStore:
                 }
                 for item in chunk
             ]
+            ids = [item.connection_id for item in chunk]
             try:
                 self._client.transact_write_items(
                     TransactItems=actions,  # type: ignore[arg-type]
@@ -221,6 +229,16 @@ class LeaseStore:
             except ClientError as error:
                 if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
                     raise
+                after = None
+            except BotoCoreError:
+                read_back = self._get_many(ids)
+                landed = any(
+                    lease_rules.landed(item, owner, session_gen, token) for item in read_back
+                )
+                after = read_back if landed else None
+            else:
+                after = self._get_many(ids)
+            if after is None:
                 for item in chunk:
                     results[item.connection_id] = self.take_over(
                         item, owner, session_gen, page, now_ms, latency_ms=latency_ms
@@ -235,7 +253,7 @@ class LeaseStore:
                 for item in chunk
             }
             conditioned = {item.connection_id: item for item in chunk}
-            for item in self._get_many(list(conditioned)):
+            for item in after:
                 cid = item.connection_id
                 if item.lease_owner == owner and item.owner_session_gen == session_gen:
                     results[cid] = lease_rules.lease_after_takeover(

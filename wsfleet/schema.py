@@ -63,6 +63,10 @@ SESSION_EXPIRES_AT_MS: Final = "expires_at_ms"
 SESSION_STARTED_AT_MS: Final = "started_at_ms"
 SESSION_REAPED_AT_MS: Final = "reaped_at_ms"
 SESSION_REAPED_BY: Final = "reaped_by"
+SESSION_TAKERS: Final = "takers"
+"""List on a DEAD session, written by its reap: who takes which of its connections,
+``[[worker_id, last connection id of that part, or NULL for the last part], ...]``
+(docs/DESIGN.md §3.2)."""
 SESSION_NOTICES: Final = "notices"
 """String set on a session: ``<connection_id> <start|stop> <now_ms> <nonce>`` tokens
 the router adds when it starts or stops a connection the session owns."""

@@ -18,6 +18,7 @@ handled under a session that another worker has reaped.
 from __future__ import annotations
 
 import enum
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -33,6 +34,11 @@ from wsfleet.item import (
 )
 from wsfleet.lease_rules import ConditionalUpdate
 from wsfleet.timing import LeaseTiming
+
+Takers = tuple[tuple[str, str | None], ...]
+"""A reap's plan of who takes what (:func:`takeover_plan`): ``(worker_id, last)``
+parts in the order of the sorted connection ids; a connection belongs to the first
+part whose ``last`` id is not below it (``None``: no upper limit, the last part)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +57,9 @@ class SessionItem:
     notices: frozenset[str] = field(default_factory=frozenset)
     connections: int = 0
     capacity: int = 0
+    takers: Takers | None = None
+    """What the reap recorded of who takes which connection (None: a reap by an older
+    worker, or a retire: the rules of :func:`takeover_share` apply)."""
 
     @classmethod
     def from_dynamodb(cls, raw: Mapping[str, Any]) -> SessionItem:
@@ -79,6 +88,7 @@ class SessionItem:
             notices=notices_of(plain),
             connections=read.integer(schema.SESSION_CONNECTIONS) or 0,
             capacity=read.integer(schema.SESSION_CAPACITY) or 0,
+            takers=_takers(plain.get(schema.SESSION_TAKERS)),
         )
         if expires_at is None and schema.SESSION_EXPIRES_AT_MS not in read.malformed:
             # Without an expiry nothing says when it lapses: never reaped (its owner's
@@ -111,6 +121,21 @@ def notices_of(plain: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(n for n in notices if isinstance(n, str))
 
 
+def _takers(raw: Any) -> Takers | None:
+    """The reap's plan as stored; None when absent or not readable as one."""
+    if not isinstance(raw, list) or not raw:
+        return None
+    parts: list[tuple[str, str | None]] = []
+    for part in raw:
+        if not (isinstance(part, list) and len(part) == 2 and isinstance(part[0], str)):
+            return None
+        last = part[1]
+        if last is not None and not isinstance(last, str):
+            return None
+        parts.append((part[0], last))
+    return tuple(parts)
+
+
 _NAMES = {
     "#state": schema.SESSION_STATE,
     "#expires": schema.SESSION_EXPIRES_AT_MS,
@@ -119,6 +144,7 @@ _NAMES = {
     "#notices": schema.SESSION_NOTICES,
     "#conns": schema.SESSION_CONNECTIONS,
     "#cap": schema.SESSION_CAPACITY,
+    "#takers": schema.SESSION_TAKERS,
     "#pk": schema.PARTITION_KEY,
 }
 
@@ -224,21 +250,59 @@ def is_lapsed(session: SessionItem, now_ms: int, timing: LeaseTiming) -> bool:
     return session.reapable and session.expires_at_ms < reap_cutoff_ms(now_ms, timing)
 
 
+REAP_WAKE_MARGIN_MS = 10
+"""How long after the instant a session lapses the reconciler wakes to reap it: a
+timer that fires a little early finds it not lapsed yet and waits again."""
+
+
+def next_reap_ms(
+    sessions: Iterable[SessionItem], mine: tuple[str, int], now_ms: int, timing: LeaseTiming
+) -> int | None:
+    """When the next pass should come, at the latest, for a reap to follow a lapse at
+    once: the earliest instant after ``now_ms`` at which a listed ALIVE session (not
+    ``mine``) lapses if it is not renewed (its expiry + skew, plus
+    :data:`REAP_WAKE_MARGIN_MS`); None when there is none. A live session renews every
+    heartbeat, so its instant stays about ``L + S - heartbeat`` ahead, beyond the next
+    pass: only a session that stopped renewing brings a pass forward."""
+    instants = (
+        session.expires_at_ms + timing.skew_ms + REAP_WAKE_MARGIN_MS
+        for session in sessions
+        if session.alive and session.key != mine
+    )
+    return min((at for at in instants if at > now_ms), default=None)
+
+
 def reap_update(
-    reaper: str, now_ms: int, timing: LeaseTiming, *, state_absent: bool = False
+    reaper: str,
+    now_ms: int,
+    timing: LeaseTiming,
+    takers: Takers | None = None,
+    *,
+    state_absent: bool = False,
 ) -> ConditionalUpdate:
-    """Mark a lapsed session DEAD, once and for good. ``state_absent``: the session was
-    listed without a state, which the condition then matches as missing (nothing
-    writes one back but a reap: a renew needs ALIVE)."""
+    """Mark a lapsed session DEAD, once and for good; with ``takers``
+    (:func:`takeover_plan`), record in the same write who takes which of its
+    connections, so that everyone who sees it DEAD reads the same plan.
+    ``state_absent``: the session was listed without a state, which the condition
+    then matches as missing (nothing writes one back but a reap: a renew needs
+    ALIVE)."""
     state = "attribute_not_exists(#state)" if state_absent else "#state = :alive"
     values = _values(dead=schema.DEAD, now=now_ms, me=reaper, cutoff=reap_cutoff_ms(now_ms, timing))
     if not state_absent:
         values |= _values(alive=schema.ALIVE)
-    return ConditionalUpdate(
+    update = ConditionalUpdate(
         update_expression="SET #state = :dead, #reapedat = :now, #reapedby = :me",
         condition_expression=f"{state} AND #expires < :cutoff",
         names=_names("#state", "#reapedat", "#reapedby", "#expires"),
         values=values,
+    )
+    if not takers:
+        return update
+    return ConditionalUpdate(
+        update_expression=update.update_expression + ", #takers = :takers",
+        condition_expression=update.condition_expression,
+        names=update.names | _names("#takers"),
+        values=update.values | _values(takers=[[worker, last] for worker, last in takers]),
     )
 
 
@@ -317,25 +381,161 @@ def reaper_of(session: SessionItem) -> str | None:
 
 
 def may_sweep(session: SessionItem, me: str, now_ms: int, grace_ms: int) -> bool:
-    """Whether this worker takes a DEAD session's connections now. The reaper goes at
-    once (it takes all it has room for); others wait ``grace_ms`` after the reap and
-    take what is left (the excess), so they do not race the reaper's writes. A session
+    """Whether this worker looks at a DEAD session's connections now. When the reap
+    recorded its plan (:func:`takeover_plan`), everyone goes at once: each takes its
+    own part. Without one (a reap by an older worker, a retire) the reaper goes at once
+    (it takes all it has room for) and the others wait ``grace_ms`` after the reap and
+    take what is left (the excess), so they do not race the reaper's writes; a session
     retired by its own worker has no reaper to wait for (:func:`reaper_of`): everyone
     goes at once."""
     # DEAD only: a session without a state is reaped first (its owner may still be
     # handling until its fence deadline).
     if session.state != schema.DEAD or session.reaped_at_ms is None:
         return False
+    if session.takers is not None:
+        return True
     return session.reaped_by in (me, session.worker_id) or (
         now_ms >= session.reaped_at_ms + grace_ms
     )
+
+
+def can_take(session: SessionItem, now_ms: int) -> bool:
+    """A session that takes over connections, as listed: ALIVE, not expired by this
+    clock, and with room in the load it last published."""
+    room = session.capacity - session.connections
+    return session.alive and session.expires_at_ms > now_ms and room > 0
+
+
+def takeover_plan(
+    remaining: Sequence[str],
+    *,
+    reaper: str,
+    room: int,
+    sessions: Iterable[SessionItem],
+    now_ms: int,
+) -> Takers:
+    """Who takes which of a lapsed session's STARTED connections (``remaining``), as
+    the reaper decides it just before its reap and records it in the reap's write.
+
+    One part per taker, in the order of the sorted ids: the reaper's first, then those
+    of the other sessions that :func:`can_take`, in the order of their worker ids. The
+    parts bring the takers towards the fair share they will have once everything is
+    taken over (the balancer's: the takers' connections and these, shared in
+    proportion to capacity, none above it; docs/DESIGN.md §4.3): each part in
+    proportion to how far its taker is below that share, never beyond it, nor beyond
+    its room. The reaper counts with its free slots at the reap (``room``), not the
+    load it published a heartbeat ago; the others with the load they published. When
+    everyone's room does not hold them all, everyone gets its room and the rest stays
+    in the last part.
+
+    Each part is recorded by its last id, so a connection's taker does not depend on
+    which of the others have been taken since (the listing shrinks as takeovers land)
+    nor on loads published after the reap: every worker reads the same plan from the
+    DEAD session.
+    """
+    ids = sorted(remaining)
+    loads: dict[str, tuple[int, int]] = {}  # worker -> (connections, capacity)
+    own = [s.capacity for s in sessions if s.alive and s.worker_id == reaper]
+    capacity = max(own) if own else max(0, room)
+    loads[reaper] = (capacity - min(max(0, room), capacity), capacity)
+    for session in sessions:
+        if session.worker_id == reaper or not can_take(session, now_ms):
+            continue
+        known = loads.get(session.worker_id)
+        if known is None or session.capacity - session.connections > known[1] - known[0]:
+            loads[session.worker_id] = (session.connections, session.capacity)
+    order = [reaper, *sorted(w for w in loads if w != reaper)]
+    total = sum(n for n, _ in loads.values()) + len(ids)
+    fleet = sum(c for _, c in loads.values())
+    wants = []
+    for worker in order:
+        connections, cap = loads[worker]
+        # share = cap * min(1, total / fleet); below it by ceil(share - connections)
+        below = -(-(cap * min(total, fleet) - connections * fleet) // fleet) if fleet else 0
+        wants.append(max(0, min(cap - connections, below)))
+    counts = _apportion(len(ids), wants)
+    parts = [(w, n) for w, n in zip(order, counts, strict=True) if n > 0]
+    if not parts:
+        return ((reaper, None),)
+    takers: list[tuple[str, str | None]] = []
+    position = 0
+    for worker, count in parts[:-1]:
+        position += count
+        takers.append((worker, ids[position - 1]))
+    takers.append((parts[-1][0], None))
+    return tuple(takers)
+
+
+def _apportion(total: int, rooms: Sequence[int]) -> list[int]:
+    """``total`` split in proportion to ``rooms``, none above its room (largest
+    remainders, ties to the earlier); everyone's whole room when they add up to no more
+    than ``total``."""
+    cap = sum(rooms)
+    if total >= cap:
+        return list(rooms)
+    counts = [total * r // cap for r in rooms]
+    order = sorted(range(len(rooms)), key=lambda i: (-(total * rooms[i] % cap), i))
+    for i in order[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def planned_taker(connection_id: str, takers: Takers) -> str:
+    """The worker the reap's plan gives ``connection_id`` to: exactly one for every id,
+    including one the reaper's listing missed."""
+    for worker, last in takers:
+        if last is None or connection_id <= last:
+            return worker
+    return takers[-1][0]
+
+
+def open_taker(connection_id: str, sessions: Iterable[SessionItem], now_ms: int) -> str | None:
+    """Who takes a connection whose planned taker cannot (gone, expired, or full as
+    published): the session that :func:`can_take` with the highest
+    ``crc32(<id> <worker>)`` (rendezvous hashing: every worker with the same listing
+    picks the same one, and one leaving moves only what it had)."""
+    best: tuple[int, str] | None = None
+    for session in sessions:
+        if can_take(session, now_ms):
+            score = (zlib.crc32(f"{connection_id} {session.worker_id}".encode()), session.worker_id)
+            if best is None or score > best:
+                best = score
+    return None if best is None else best[1]
+
+
+def planned_share(
+    remaining: Sequence[str],
+    *,
+    me: str,
+    takers: Takers,
+    sessions: Sequence[SessionItem],
+    free: int,
+    now_ms: int,
+) -> list[str]:
+    """Which of a dead session's remaining STARTED connections this worker takes now,
+    by the reap's plan: its own part, at once, and any connection whose planned taker
+    cannot take it and that :func:`open_taker` gives to this worker; sorted, at most
+    ``free``."""
+    if free <= 0 or not takers:
+        return []
+    able = {session.worker_id for session in sessions if can_take(session, now_ms)}
+    share: list[str] = []
+    for connection_id in sorted(remaining):
+        taker = planned_taker(connection_id, takers)
+        if taker != me and (taker in able or open_taker(connection_id, sessions, now_ms) != me):
+            continue
+        share.append(connection_id)
+        if len(share) >= free:
+            break
+    return share
 
 
 def takeover_share(
     remaining: Sequence[str], *, reaper: bool, reaper_room: int | None, free: int
 ) -> list[str]:
     """Which of a dead session's remaining STARTED connections (``remaining``, sorted)
-    this worker takes now, so that takers do not race each other's writes.
+    this worker takes now, so that takers do not race each other's writes, when the
+    reap recorded no plan (an older worker's reap, a retire) or its fallback has passed.
 
     The reaper takes from the front, as many as it has room for (``free``). Another
     worker takes from the back, and only the excess beyond what the reaper has room
@@ -371,15 +571,42 @@ def unlisted_predecessors(
 
 
 REAPER_FALLBACK_LEASES = 4
-"""How long after a reap the others wait for a reaper that is alive but has not taken
-its share (stuck, or slow with hundreds of takeovers), in leases, before anyone takes
-anything. A reaper that died meanwhile is seen at once (its session is no longer
-ALIVE)."""
+"""How long after a reap the others wait for a taker that is alive, has room, and has
+not taken its part (stuck, or slow with hundreds of takeovers), in leases, before
+anyone takes anything. A taker that died meanwhile, or filled up, is seen at once (its
+session is no longer ALIVE, or publishes no room)."""
 
 
 def reaper_fallback_ms(session: SessionItem, timing: LeaseTiming) -> int:
     """The instant after which anyone takes any of a dead session's connections."""
     return (session.reaped_at_ms or 0) + REAPER_FALLBACK_LEASES * timing.lease_ms
+
+
+def sweep_share(
+    session: SessionItem,
+    remaining: Sequence[str],
+    *,
+    me: str,
+    sessions: Sequence[SessionItem],
+    free: int,
+    now_ms: int,
+    timing: LeaseTiming,
+) -> list[str]:
+    """Which of a DEAD ``session``'s remaining STARTED connections this worker takes
+    over now (once :func:`may_sweep` let it look): by the reap's plan when it recorded
+    one (:func:`planned_share`), by :func:`takeover_share` when it did not; and
+    anything, from the back, once :func:`reaper_fallback_ms` has passed."""
+    ids = sorted(remaining)
+    reaper_id = reaper_of(session)
+    reaper = reaper_id == me
+    if now_ms >= reaper_fallback_ms(session, timing):
+        return takeover_share(ids, reaper=reaper, reaper_room=None, free=free)
+    if session.takers is not None:
+        return planned_share(
+            ids, me=me, takers=session.takers, sessions=sessions, free=free, now_ms=now_ms
+        )
+    room = reaper_room(sessions, reaper_id)
+    return takeover_share(ids, reaper=reaper, reaper_room=room, free=free)
 
 
 def reaper_room(sessions: Iterable[SessionItem], reaper: str | None) -> int | None:

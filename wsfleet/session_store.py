@@ -120,13 +120,20 @@ class SessionStore:
         # item must not turn a renew that landed into an error.
         return SessionRenewed(session_rules.notices_of(from_attributes(response["Attributes"])))
 
-    def reap(self, session: SessionItem, reaper: str, now_ms: int) -> bool:
-        """Mark a lapsed session DEAD; True for exactly one of any number of reapers."""
+    def reap(
+        self,
+        session: SessionItem,
+        reaper: str,
+        now_ms: int,
+        takers: session_rules.Takers | None = None,
+    ) -> bool:
+        """Mark a lapsed session DEAD, recording ``takers`` (who takes which of its
+        connections) when given; True for exactly one of any number of reapers."""
         return self._conditional(
             session.worker_id,
             session.session_gen,
             session_rules.reap_update(
-                reaper, now_ms, self._timing, state_absent=session.state is None
+                reaper, now_ms, self._timing, takers, state_absent=session.state is None
             ),
         )
 

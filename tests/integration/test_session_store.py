@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from botocore.exceptions import ReadTimeoutError
 
 from tests.support.stores import STORE_TIMING, T0, URL, eventually, won
 from tests.support.timing import scaled
@@ -160,6 +161,22 @@ def test_a_late_renew_after_a_reap_is_refused_and_never_revives_the_session(sess
     assert session.expires_at_ms == T0 + 1_000 + TIMING.lease_ms
     assert not sessions.reap(session, "w3", reap_at + 10**6)  # reaped once, by one
     assert session_of(sessions, "w1").reaped_by == "w2"
+
+
+def test_a_reap_records_its_plan_and_a_refused_reap_leaves_it_alone(sessions):
+    """The plan of who takes what lands with the reap and is read back, by a listing
+    and a strong read alike, exactly; a second reaper's plan never replaces it."""
+    assert sessions.open("w1", 1, T0, capacity=10)
+    plan = (("w2", "c149"), ("w3", "c249"), ("w4", None))
+    assert sessions.reap(session_of(sessions, "w1"), "w2", LAPSED, plan)
+    assert not sessions.reap(session_of(sessions, "w1"), "w3", LAPSED + 5, (("w3", None),))
+    listed = {s.key: s for s in sessions.list_sessions()}[("w1", 1)]
+    assert listed == session_of(sessions, "w1")
+    assert (listed.state, listed.reaped_by, listed.takers) == (schema.DEAD, "w2", plan)
+    # A reap without one (an older worker's) reads back as no plan.
+    assert sessions.open("w5", 1, T0, capacity=10)
+    assert sessions.reap(session_of(sessions, "w5"), "w2", LAPSED)
+    assert session_of(sessions, "w5").takers is None
 
 
 def test_a_session_is_reaped_only_once_lapsed_by_more_than_the_skew(sessions):
@@ -498,6 +515,48 @@ def test_a_batched_takeover_takes_every_connection_once_from_the_page(
         assert (item.lease_owner, item.owner_session_gen, item.lease_epoch) == ("w2", 7, 2)
         assert item.last_seq == n
     assert store.takeover_conflicts == 0
+
+
+class LostReplies:
+    """The table's client, except that every transaction's answer is lost (a read
+    timeout): after it landed, or before it reached the table."""
+
+    def __init__(self, client: Any, *, lands: bool) -> None:
+        self._client = client
+        self._lands = lands
+        self.transactions = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def transact_write_items(self, **kwargs: Any) -> Any:
+        self.transactions += 1
+        if self._lands:
+            self._client.transact_write_items(**kwargs)
+        raise ReadTimeoutError(endpoint_url="http://dynamodb.local")
+
+
+@pytest.mark.parametrize("lands", [True, False])
+def test_a_batched_takeover_whose_answer_was_lost_is_read_back(
+    ddb, table, sessions, store, control, read, lands
+):
+    """The transaction's outcome is unknown: it landed whole or not at all, and its
+    token on the items says which. Landed, every connection is this session's lease
+    (not left owned and run by nobody); not landed, each is taken over on its own."""
+    ids = [f"t{n:02d}" for n in range(60)]
+    session_owning(sessions, store, control, ids)
+    assert sessions.reap(session_of(sessions, "w1"), "w2", LAPSED)
+    seen = eventually(lambda: store.owned_by("w1", 1), lambda found: len(found) == 60)
+    client = LostReplies(ddb, lands=lands)
+    results = LeaseStore(client, table, TIMING).take_over_many(seen, "w2", 7, None, LAPSED + 1)
+    assert client.transactions == 2  # 50 and 10
+    assert set(results) == set(ids)
+    for cid in ids:
+        lease = results[cid]
+        assert isinstance(lease, Lease), (cid, lease)
+        assert (lease.owner, lease.session_gen, lease.epoch) == ("w2", 7, 2)
+        item = read(cid)
+        assert (item.lease_owner, item.owner_session_gen, item.lease_epoch) == ("w2", 7, 2)
 
 
 def test_a_batch_refused_for_one_changed_item_is_taken_apart(sessions, store, control, read):

@@ -12,6 +12,9 @@ import pytest
 
 from worker.balancer import OFFER_ATTEMPTS, OFFER_CHUNK, Balancer
 from worker.metrics import FleetMetrics
+from wsfleet import schema
+from wsfleet.balance_rules import BalanceSettings
+from wsfleet.session_rules import SessionItem
 
 
 class Owner:
@@ -141,3 +144,38 @@ def test_a_large_hand_over_is_offered_in_chunks_each_after_its_own_releases() ->
     assert [len(chunk) for chunk in released] == [OFFER_CHUNK, OFFER_CHUNK, 7]
     assert [len(tokens) for _, _, tokens in sessions.calls] == [OFFER_CHUNK, OFFER_CHUNK, 7]
     assert sorted(t.split()[0] for _, _, tokens in sessions.calls for t in tokens) == ids
+
+
+# --- no round while a crash failover is under way -----------------------------------------
+
+
+def _session(worker: str, **fields: Any) -> SessionItem:
+    base: dict[str, Any] = {
+        "worker_id": worker,
+        "session_gen": 1,
+        "state": schema.ALIVE,
+        "expires_at_ms": 3_000,
+        "connections": 4,
+        "capacity": 10,
+    }
+    return SessionItem(**(base | fields))
+
+
+@pytest.mark.parametrize(
+    ("listed", "due"),
+    [
+        ([_session("other")], True),
+        ([_session("other", expires_at_ms=1_000)], False),  # lapsed, not reaped yet
+        ([_session("other", state=schema.DEAD, reaped_at_ms=900, reaped_by="x")], False),
+        ([_session("other", state=schema.DEAD, reaped_at_ms=900, reaped_by="other")], True),
+        ([_session("giver", session_gen=0, state=schema.DEAD, reaped_by="x")], False),
+    ],
+)
+def test_no_round_starts_while_a_crashed_session_is_listed(listed, due):
+    balancer = balancer_of(Owner(), Sessions([]))
+    balancer._settings = BalanceSettings(round_seconds=5.0)
+    assert not balancer._due(0.0)  # the first round waits one interval
+    balancer.observe(listed)
+    assert balancer._due(5.0) is due
+    balancer.observe([_session("other")])  # the dead session is forgotten
+    assert balancer._due(5.0) is not due  # at once if held back, else the next interval

@@ -5,9 +5,13 @@ session. Writes are checked exactly and run against items by tests/unit/expressi
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.unit.expressions import Item, attempt, holds
 from wsfleet import schema, session_rules
@@ -21,10 +25,13 @@ from wsfleet.session_rules import (
     may_forget,
     may_sweep,
     new_session_item,
+    next_reap_ms,
     notice_connection_id,
     notice_token,
     notice_update,
     offer_update,
+    planned_share,
+    planned_taker,
     reap_cutoff_ms,
     reap_update,
     reaper_fallback_ms,
@@ -33,7 +40,9 @@ from wsfleet.session_rules import (
     renew_failure,
     renew_update,
     retire_update,
+    sweep_share,
     takeover_latency_ms,
+    takeover_plan,
     takeover_share,
 )
 from wsfleet.timing import LeaseTiming
@@ -288,6 +297,28 @@ def test_reap_update_exactly():
         ":me": S(REAPER),
         ":cutoff": N(NOW - 250),
     }
+    assert reap_update(REAPER, NOW, TIMING, ()) == update  # an empty plan is no plan
+
+
+def test_a_reap_records_its_plan_in_the_same_write():
+    plan = (("worker-b", "c149"), ("worker-c", None))
+    update = reap_update(REAPER, NOW, TIMING, plan)
+    assert update.update_expression == (
+        "SET #state = :dead, #reapedat = :now, #reapedby = :me, #takers = :takers"
+    )
+    assert update.condition_expression == "#state = :alive AND #expires < :cutoff"
+    assert update.names["#takers"] == "takers"
+    assert update.values[":takers"] == {
+        "L": [{"L": [S("worker-b"), S("c149")]}, {"L": [S("worker-c"), {"NULL": True}]}]
+    }
+    lapsed = session_raw(expires_at_ms=NOW - 1_000)
+    reaped = attempt(update, lapsed)
+    assert reaped is not None
+    dead = SessionItem.from_dynamodb(reaped)
+    assert (dead.state, dead.reaped_by, dead.takers) == (schema.DEAD, REAPER, plan)
+    # The same line as a reap without one: not within the skew, never twice.
+    assert attempt(update, session_raw(expires_at_ms=NOW - 250)) is None
+    assert attempt(reap_update("worker-c", NOW, TIMING, plan), reaped) is None
 
 
 def test_a_reaped_session_is_dead_for_good():
@@ -411,6 +442,7 @@ def test_notice_tokens_of_two_router_writes_differ():
 # --- sweeping and forgetting a dead session -------------------------------------------------
 
 REAPED_AT = NOW - 500
+PLAN = [[REAPER, "c1"], ["w-c", None]]
 
 
 @pytest.mark.parametrize(
@@ -456,6 +488,16 @@ REAPED_AT = NOW - 500
         ({"state": schema.DEAD, "reaped_by": ME, "reaped_at_ms": REAPED_AT}, ME, REAPED_AT, True),
         ({"state": schema.DEAD, "reaped_at_ms": REAPED_AT}, REAPER, REAPED_AT + GRACE, True),
         ({"state": schema.DEAD, "reaped_at_ms": 0}, REAPER, 0, False),  # 0 is a reap time
+        # a reap that recorded who takes what: everyone at once
+        (
+            {"state": schema.DEAD, "reaped_by": REAPER, "reaped_at_ms": REAPED_AT, "takers": PLAN},
+            "w-c",
+            REAPED_AT,
+            True,
+        ),
+        ({"state": schema.DEAD, "reaped_at_ms": REAPED_AT, "takers": PLAN}, ME, REAPED_AT, True),
+        ({"reaped_by": REAPER, "reaped_at_ms": REAPED_AT, "takers": PLAN}, "w-c", NOW, False),
+        ({"state": schema.DEAD, "takers": PLAN}, "w-c", NOW, False),  # no reap time
     ],
 )
 def test_who_sweeps_a_dead_session_and_when(fields, me, now, sweeps):
@@ -515,6 +557,7 @@ def test_a_session_item_reads_every_attribute():
         notices={"c1 stop 4", "c2 start 5"},
         connections=17,
         capacity=250,
+        takers=[["worker-b", "c7"], ["worker-c", None]],
     )
     assert SessionItem.from_dynamodb(raw) == SessionItem(
         worker_id=ME,
@@ -527,7 +570,16 @@ def test_a_session_item_reads_every_attribute():
         notices=frozenset({"c1 stop 4", "c2 start 5"}),
         connections=17,
         capacity=250,
+        takers=(("worker-b", "c7"), ("worker-c", None)),
     )
+
+
+@pytest.mark.parametrize(
+    "takers",
+    [[], "worker-b", [["worker-b"]], [[1, None]], [["worker-b", 7]], [{"w": "x"}]],
+)
+def test_a_plan_that_cannot_be_read_is_no_plan(takers):
+    assert SessionItem.from_dynamodb(session_raw(takers=takers)).takers is None
 
 
 def test_a_session_item_with_only_its_key_is_malformed_never_alive():
@@ -587,7 +639,7 @@ def _live(worker: str, connections: int, capacity: int, state: str = schema.ALIV
         worker_id=worker,
         session_gen=1,
         state=state,
-        expires_at_ms=NOW,
+        expires_at_ms=NOW + 2_000,
         connections=connections,
         capacity=capacity,
     )
@@ -694,3 +746,234 @@ def test_the_sweep_of_a_dead_session_lists_the_workers_forgotten_predecessors(
 ):
     dead = SessionItem("w", gen, schema.DEAD, expires_at_ms=0, reaped_at_ms=1, reaped_by="x")
     assert session_rules.unlisted_predecessors(dead, listed) == expected
+
+
+# --- the reap's plan -------------------------------------------------------------------
+
+DEAD_IDS = [f"c{n:03}" for n in range(350)]
+
+
+def _peers(*loads: tuple[str, int, int]) -> list[SessionItem]:
+    return [_live(worker, connections, capacity) for worker, connections, capacity in loads]
+
+
+def _parts(plan, ids=DEAD_IDS):
+    parts: dict[str, list[str]] = {}
+    for cid in ids:
+        parts.setdefault(planned_taker(cid, plan), []).append(cid)
+    return parts
+
+
+def _dead(plan, reaped_at=NOW) -> SessionItem:
+    return SessionItem(
+        worker_id="dead",
+        session_gen=1,
+        state=schema.DEAD,
+        expires_at_ms=reaped_at - 300,
+        reaped_at_ms=reaped_at,
+        reaped_by="r",
+        takers=plan,
+    )
+
+
+def test_after_a_reap_that_recorded_room_150_the_others_share_the_excess_at_once():
+    """Four workers at 350 of 500, one dies holding 350: the reaper has room for 150.
+    Right at the reap (no grace), each of the two others has a part of its own; the
+    parts and the reaper's are disjoint and together they cover every connection, and
+    each brings its taker to its fair share (466.7 of 500). (The rules before: nothing
+    for the others before a heartbeat, then the same list for both, from the back.)"""
+    listing = _peers(("r", 350, 500), ("x", 350, 500), ("y", 350, 500))
+    plan = takeover_plan(DEAD_IDS, reaper="r", room=150, sessions=listing, now_ms=NOW)
+    assert plan == (("r", "c116"), ("x", "c233"), ("y", None))
+    dead = _dead(plan)
+    assert may_sweep(dead, "x", NOW, GRACE)
+    assert may_sweep(dead, "y", NOW, GRACE)
+    shares = {
+        w: sweep_share(dead, DEAD_IDS, me=w, sessions=listing, free=150, now_ms=NOW, timing=TIMING)
+        for w in ("r", "x", "y")
+    }
+    assert shares == {"r": DEAD_IDS[:117], "x": DEAD_IDS[117:234], "y": DEAD_IDS[234:]}
+    assert sum(len(share) for share in shares.values()) == len(set(DEAD_IDS)) == 350
+    # Stable while the listing shrinks (takeovers landing) and loads move (renews): the
+    # same ids for the same worker, nothing of anyone else's.
+    later = _peers(("r", 420, 500), ("x", 380, 500), ("y", 350, 500))
+    left = DEAD_IDS[100:117] + DEAD_IDS[200:234] + DEAD_IDS[300:]
+    again = {
+        w: sweep_share(dead, left, me=w, sessions=later, free=150, now_ms=NOW + 300, timing=TIMING)
+        for w in ("r", "x", "y")
+    }
+    assert again == {"r": DEAD_IDS[100:117], "x": DEAD_IDS[200:234], "y": DEAD_IDS[300:]}
+
+
+@pytest.mark.parametrize(
+    ("room", "listing", "plan"),
+    [
+        # Nobody else can take: the reaper's alone, whatever its room.
+        (350, _peers(("r", 150, 500), ("x", 500, 500)), (("r", None),)),
+        (500, [], (("r", None),)),
+        # Towards the fair share after the takeover (483.3 each here), each part in
+        # proportion to how far below it its taker is (134, 34 and 184), worker-id order.
+        (
+            150,
+            _peers(("r", 350, 500), ("y", 300, 500), ("x", 450, 500)),
+            (("r", "c132"), ("x", "c166"), ("y", None)),
+        ),
+        # A reaper above the share takes only what brings it there (325 each).
+        (200, _peers(("r", 300, 500), ("x", 0, 500)), (("r", "c024"), ("x", None))),
+        # Never beyond a room; what nobody has room for stays in the last part.
+        (
+            100,
+            _peers(("r", 400, 500), ("x", 450, 500), ("y", 480, 500)),
+            (("r", "c099"), ("x", "c149"), ("y", None)),
+        ),
+        # The reaper counts its free slots now, not the load it published.
+        (0, _peers(("r", 100, 500), ("x", 0, 500)), (("x", None),)),
+        # Not takers: dead, expired, full, draining.
+        (
+            150,
+            [
+                _live("r", 350, 500),
+                _live("d", 0, 500, schema.DEAD),
+                SessionItem(
+                    worker_id="e",
+                    session_gen=1,
+                    state=schema.ALIVE,
+                    expires_at_ms=NOW,
+                    capacity=500,
+                ),
+                _live("f", 500, 500),
+                _live("g", 10, 0),
+                _live("x", 400, 500),
+            ],
+            (("r", "c149"), ("x", None)),
+        ),
+    ],
+)
+def test_the_plan_of_a_reap(room, listing, plan):
+    assert takeover_plan(DEAD_IDS, reaper="r", room=room, sessions=listing, now_ms=NOW) == plan
+
+
+def test_a_plan_gives_every_id_exactly_one_taker_even_one_the_listing_missed():
+    plan = takeover_plan(
+        DEAD_IDS, reaper="r", room=150, sessions=_peers(("x", 350, 500)), now_ms=NOW
+    )
+    assert plan == (("r", "c149"), ("x", None))
+    assert planned_taker("a-missed", plan) == "r"  # below every id
+    assert planned_taker("c149", plan) == "r"
+    assert planned_taker("c1495", plan) == "x"
+    assert planned_taker("zzz", plan) == "x"
+    assert planned_taker("c2", (("r", "c1"), ("x", "c5"))) == "x"
+    assert planned_taker("c9", (("r", "c1"), ("x", "c5"))) == "x"  # a plan without an open end
+    assert takeover_plan([], reaper="r", room=0, sessions=[], now_ms=NOW) == (("r", None),)
+
+
+@given(
+    st.integers(min_value=0, max_value=400),
+    st.integers(min_value=0, max_value=500),
+    st.lists(st.integers(min_value=0, max_value=200), max_size=6),
+)
+def test_a_plan_keeps_every_taker_within_its_room_and_its_fair_share(count, room, rooms):
+    ids = [f"c{n:03}" for n in range(count)]
+    listing = [_live("r", 500 - room, 500)] + [
+        _live(f"w{n}", 500 - r, 500) for n, r in enumerate(rooms)
+    ]
+    plan = takeover_plan(ids, reaper="r", room=room, sessions=listing, now_ms=NOW)
+    parts = _parts(plan, ids)
+    assert sum(len(p) for p in parts.values()) == count
+    assert len({w for w, _ in plan}) == len(plan)
+    limits = {"r": room} | {f"w{n}": r for n, r in enumerate(rooms)}
+    assert all(len(parts.get(w, [])) <= limits[w] for w, _ in plan[:-1])
+    if count <= sum(limits.values()):
+        fleet = 500 * len(limits)
+        total = sum(500 - r for r in limits.values()) + count
+        for worker, part in parts.items():
+            share = Fraction(500 * total, fleet)
+            assert len(part) <= limits[worker]
+            assert 500 - limits[worker] + len(part) <= math.ceil(share)
+
+
+def test_a_part_whose_taker_cannot_take_it_goes_to_one_other_by_rendezvous():
+    plan = (("r", "c149"), ("x", "c249"), ("y", None))
+    gone = [_live("r", 500, 500), _live("x", 350, 500), _live("y", 1, 5, schema.DEAD)]
+    shares = {
+        w: planned_share(DEAD_IDS, me=w, takers=plan, sessions=gone, free=500, now_ms=NOW)
+        for w in ("r", "x", "y")
+    }
+    # r is full as published and y is gone: their parts go to x, the one left with room;
+    # r, which knows its own free slots, still tries its own.
+    assert shares["x"] == DEAD_IDS
+    assert shares["r"] == DEAD_IDS[:150]
+    assert shares["y"] == DEAD_IDS[250:]
+    # With two takers left, y's part is split between them, each id to exactly one.
+    two = [_live("r", 200, 500), _live("x", 350, 500), _live("z", 0, 500)]
+    split = {
+        w: set(planned_share(DEAD_IDS, me=w, takers=plan, sessions=two, free=500, now_ms=NOW))
+        for w in ("r", "x", "z")
+    }
+    assert split["r"] - set(DEAD_IDS[250:]) == set(DEAD_IDS[:150])
+    assert split["x"] - set(DEAD_IDS[250:]) == set(DEAD_IDS[150:250])
+    assert split["r"] | split["x"] | split["z"] == set(DEAD_IDS)
+    assert sum(len(part) for part in split.values()) == 350
+    assert all(split[w] & set(DEAD_IDS[250:]) for w in ("r", "x", "z"))
+    # No more than there is room for, from the front of the share.
+    assert (
+        planned_share(DEAD_IDS, me="x", takers=plan, sessions=gone, free=3, now_ms=NOW)
+        == (DEAD_IDS[:3])
+    )
+    assert planned_share(DEAD_IDS, me="x", takers=plan, sessions=gone, free=0, now_ms=NOW) == []
+
+
+def test_four_leases_after_the_reap_anyone_takes_anything_even_with_a_plan():
+    plan = (("r", "c149"), ("x", None))
+    listing = _peers(("r", 350, 500), ("x", 350, 500))
+    fallback = NOW + 4 * TIMING.lease_ms
+    share = sweep_share(
+        _dead(plan), DEAD_IDS, me="y", sessions=listing, free=5, now_ms=fallback, timing=TIMING
+    )
+    assert share == DEAD_IDS[::-1][:5]
+    before = sweep_share(
+        _dead(plan), DEAD_IDS, me="y", sessions=listing, free=5, now_ms=fallback - 1, timing=TIMING
+    )
+    assert before == []
+
+
+def test_without_a_plan_the_rules_before_it_apply():
+    """A reap by an older worker during a rolling deploy records no plan: the reaper
+    from the front, the others only the excess beyond its published room, from the
+    back (and :func:`may_sweep` holds them back for the grace)."""
+    listing = _peers(("r", 350, 500))
+    old = _dead(None)
+    assert (
+        sweep_share(old, DEAD_IDS, me="r", sessions=listing, free=150, now_ms=NOW, timing=TIMING)
+        == (DEAD_IDS[:150])
+    )
+    assert (
+        sweep_share(old, DEAD_IDS, me="x", sessions=listing, free=500, now_ms=NOW, timing=TIMING)
+        == (DEAD_IDS[150:][::-1])
+    )
+    assert (
+        sweep_share(old, DEAD_IDS, me="x", sessions=[], free=3, now_ms=NOW, timing=TIMING)
+        == (DEAD_IDS[::-1][:3])
+    )
+
+
+def test_the_next_pass_comes_when_a_listed_session_lapses_if_not_renewed():
+    mine = ("me", 1)
+    listed = [
+        _live("healthy", 0, 500),  # expires NOW + 2000
+        SessionItem(worker_id="quiet", session_gen=1, state=schema.ALIVE, expires_at_ms=NOW + 300),
+        SessionItem(worker_id="me", session_gen=1, state=schema.ALIVE, expires_at_ms=NOW + 100),
+        SessionItem(worker_id="gone", session_gen=1, state=schema.DEAD, expires_at_ms=NOW + 50),
+        # lapsed already: this pass reaps it (or failed to): no instant in the past
+        SessionItem(worker_id="lapsed", session_gen=1, state=schema.ALIVE, expires_at_ms=NOW - 260),
+    ]
+    margin = session_rules.REAP_WAKE_MARGIN_MS
+    assert next_reap_ms(listed, mine, NOW, TIMING) == NOW + 300 + 250 + margin
+    # The instant itself is not after now: the next one counts.
+    assert next_reap_ms(listed, mine, NOW + 560, TIMING) == NOW + 2_000 + 250 + margin
+    assert next_reap_ms(listed[2:], mine, NOW, TIMING) is None
+    assert next_reap_ms([], mine, NOW, TIMING) is None
+    # Once lapsed by that instant, a reap at it passes.
+    quiet = listed[1]
+    assert is_lapsed(quiet, NOW + 300 + 250 + margin, TIMING)
+    assert not is_lapsed(quiet, NOW + 300 + 250, TIMING)

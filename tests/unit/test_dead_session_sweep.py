@@ -1,0 +1,288 @@
+"""Who takes over a dead session's connections, and when (worker/reconciler.py,
+docs/DESIGN.md §3.2), with several workers' reconcilers on one table held in memory:
+the reap is the real rule's write applied to the session item, a takeover moves a
+connection only while the dead session still owns it (a conditional write's one
+winner), and every attempt that finds it gone is counted as refused."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from tests.unit.expressions import Item, attempt
+from worker.capacity import Capacity
+from worker.reconciler import Reconciler
+from wsfleet import schema, session_rules
+from wsfleet.item import ConnectionItem, to_attribute
+from wsfleet.session_rules import SessionItem
+from wsfleet.timing import LeaseTiming
+
+pytestmark = pytest.mark.timeout(10)
+
+TIMING = LeaseTiming.from_lease()  # lease 2.5 s, heartbeat and reconcile 0.6 s
+T0 = 1_000_000
+DEAD = ("dead", 1)
+MAX = 500
+
+
+@dataclass
+class Table:
+    now_ms: int = T0
+    sessions: dict[tuple[str, int], Item] = field(default_factory=dict)
+    owners: dict[str, tuple[str, int]] = field(default_factory=dict)
+    refused: int = 0
+
+    def add_session(self, worker: str, gen: int, *, connections: int, expires_at_ms: int) -> None:
+        self.sessions[(worker, gen)] = {
+            k: to_attribute(v)
+            for k, v in {
+                **schema.session_key(worker, gen),
+                "state": schema.ALIVE,
+                "expires_at_ms": expires_at_ms,
+                "started_at_ms": 0,
+                "connections": connections,
+                "capacity": MAX,
+            }.items()
+        }
+
+    def session(self, key: tuple[str, int]) -> SessionItem:
+        return SessionItem.from_dynamodb(self.sessions[key])
+
+    def owned_by(self, worker: str, gen: int) -> list[ConnectionItem]:
+        return [
+            ConnectionItem(
+                connection_id=cid,
+                desired_state=schema.STARTED,
+                ws_url="wss://feed",
+                lease_owner=worker,
+                owner_session_gen=gen,
+            )
+            for cid, owner in sorted(self.owners.items())
+            if owner == (worker, gen)
+        ]
+
+
+class Sessions:
+    def __init__(self, table: Table) -> None:
+        self._table = table
+
+    def list_sessions(self, report: Any = None) -> list[SessionItem]:
+        return [SessionItem.from_dynamodb(raw) for raw in self._table.sessions.values()]
+
+    def reap(self, session: SessionItem, reaper: str, now_ms: int, *plan: Any) -> bool:
+        """As SessionStore.reap: the rule's conditional write on the stored item."""
+        key = session.key
+        after = attempt(
+            session_rules.reap_update(reaper, now_ms, TIMING, *plan), self._table.sessions[key]
+        )
+        if after is None:
+            return False
+        self._table.sessions[key] = after
+        return True
+
+    def get_session(self, worker: str, gen: int) -> SessionItem | None:
+        raw = self._table.sessions.get((worker, gen))
+        return None if raw is None else SessionItem.from_dynamodb(raw)
+
+    def read_page(self, worker: str, gen: int, **_: Any) -> None:
+        return None
+
+    def forget(self, session: SessionItem) -> bool:
+        return True
+
+
+class Owner:
+    def __init__(self, table: Table, worker_id: str, capacity: Capacity) -> None:
+        self._table = table
+        self.worker_id = worker_id
+        self.session_gen = 1
+        self._capacity = capacity
+        self.taken: list[str] = []
+
+    async def take_over_many(
+        self, seen: list[ConnectionItem], session: SessionItem, page: Any
+    ) -> list[str]:
+        taken = []
+        for item in seen:
+            if not self._capacity.try_reserve():
+                break
+            if self._table.owners.get(item.connection_id) != session.key:
+                self._table.refused += 1  # another taker won it: a refused write
+                await self._capacity.release()
+                continue
+            self._table.owners[item.connection_id] = (self.worker_id, 1)
+            taken.append(item.connection_id)
+        self.taken += taken
+        return taken
+
+
+def worker(table: Table, worker_id: str, used: int) -> tuple[Reconciler, Owner]:
+    capacity = Capacity(MAX)
+    for _ in range(used):
+        capacity.try_reserve()
+    owner = Owner(table, worker_id, capacity)
+    store = SimpleNamespace(
+        timing=TIMING,
+        takeover_conflicts=0,
+        owned_by=table.owned_by,
+        clear_dead_owner=lambda item, now: True,
+    )
+    reconciler = Reconciler(
+        store=cast(Any, store),
+        sessions=cast(Any, Sessions(table)),
+        owner=cast(Any, owner),
+        capacity=capacity,
+        balancer=cast(Any, SimpleNamespace(enabled=False, observe=lambda sessions: None)),
+        metrics=cast(Any, SimpleNamespace(count=lambda *args: None)),
+        wall_ms=lambda: table.now_ms,
+        rng=random.Random(1),
+    )
+    return reconciler, owner
+
+
+def fleet(
+    dead_holds: int, loads: dict[str, int]
+) -> tuple[Table, dict[str, tuple[Reconciler, Owner]]]:
+    """A lapsed session holding ``dead_holds`` STARTED connections, and live workers at
+    ``loads`` of MAX (published and real)."""
+    table = Table()
+    table.add_session(*DEAD, connections=dead_holds, expires_at_ms=T0 - 1_000)
+    for n in range(dead_holds):
+        table.owners[f"c{n:04}"] = DEAD
+    workers = {}
+    for name, load in loads.items():
+        table.add_session(name, 1, connections=load, expires_at_ms=T0 + 2_000)
+        workers[name] = worker(table, name, load)
+    return table, workers
+
+
+def sweep(workers: dict[str, tuple[Reconciler, Owner]], name: str) -> list[str]:
+    taken, _ = asyncio.run(workers[name][0].sweep_sessions())
+    return taken
+
+
+def test_the_excess_beyond_the_reapers_room_is_taken_at_once_by_the_others_without_racing():
+    """Four workers at 350 of 500, one dies: the reaper has room for 150 of its 350.
+    The two others sweep right after the reap, well within a heartbeat: each takes a
+    part at once, the parts do not overlap, no write is refused, and the three passes
+    together take everything, each worker ending at its fair share (466 or 467)."""
+    table, workers = fleet(350, {"a": 350, "b": 350, "c": 350})
+    reaper = sweep(workers, "a")
+    assert table.session(DEAD).state == schema.DEAD
+    assert len(reaper) == 117
+    table.now_ms = T0 + 100
+    b = sweep(workers, "b")
+    table.now_ms = T0 + 200
+    c = sweep(workers, "c")
+    assert b, "b took nothing of the excess in its pass right after the reap"
+    assert c, "c took nothing of the excess in its pass right after the reap"
+    assert table.refused == 0
+    assert not set(reaper) & set(b)
+    assert not set(reaper) & set(c)
+    assert not set(b) & set(c)
+    assert set(reaper) | set(b) | set(c) == {f"c{n:04}" for n in range(350)}
+    assert sorted(reaper) == [f"c{n:04}" for n in range(117)]  # the front of the sorted ids
+    assert sorted(len(taken) for taken in (reaper, b, c)) == [116, 117, 117]
+
+
+def test_a_worker_that_loses_the_reap_follows_the_winners_plan_in_the_same_pass():
+    """Two workers see the session lapsed in the same moment; a's reap lands first, b's
+    is refused: b reads the session back and takes its part in that same pass."""
+    table, workers = fleet(350, {"a": 350, "b": 300})
+    sessions = cast(Sessions, workers["b"][0]._sessions)
+    plan = session_rules.takeover_plan(
+        [f"c{n:04}" for n in range(350)],
+        reaper="a",
+        room=150,
+        sessions=sessions.list_sessions(),
+        now_ms=T0,
+    )
+    refused = sessions.reap
+
+    def reap_after_a(session: SessionItem, reaper: str, now_ms: int, *rest: Any) -> bool:
+        assert Sessions(table).reap(session, "a", now_ms, plan)  # a's reap lands first
+        return refused(session, reaper, now_ms, *rest)
+
+    sessions.reap = reap_after_a  # type: ignore[method-assign]
+    b = sweep(workers, "b")
+    assert table.session(DEAD).reaped_by == "a"
+    assert sorted(b) == [f"c{n:04}" for n in range(150, 350)]  # the excess: b's part
+    assert table.refused == 0
+
+
+def test_a_planned_taker_that_died_leaves_its_part_to_the_others_at_once():
+    """a reaps and plans 117, 117 and 116 for itself, b and c; c dies before taking its
+    part. b takes its own part and, at once, what rendezvous hashing gives it of c's;
+    the rest of c's would be a's, but a has filled up meanwhile, and once its renew
+    says so, b takes that too."""
+    table, workers = fleet(350, {"a": 250, "b": 250, "c": 250})
+    reaper = sweep(workers, "a")
+    assert len(reaper) == 117
+    table.sessions[("c", 1)] |= {"expires_at_ms": to_attribute(T0 + 50)}  # c died
+    table.now_ms = T0 + 100
+    b = sweep(workers, "b")
+    plan = table.session(DEAD).takers
+    assert plan is not None
+    planned = {
+        w: [cid for cid in sorted(table.owners) if session_rules.planned_taker(cid, plan) == w]
+        for w in "abc"
+    }
+    assert [len(planned[w]) for w in "abc"] == [117, 117, 116]
+    assert set(planned["b"]) < set(b) < set(planned["b"]) | set(planned["c"])
+    a_slots = workers["a"][0]._capacity
+    while a_slots.try_reserve():
+        pass  # a fills up with new starts
+    table.now_ms = T0 + 150
+    assert sweep(workers, "a") == []  # no free slot
+    table.sessions[("a", 1)] |= {"connections": to_attribute(MAX)}  # its next renew
+    table.now_ms = T0 + 700
+    b += sweep(workers, "b")
+    assert sorted(b) == sorted(planned["b"] + planned["c"])
+    assert not table.owned_by(*DEAD)
+    assert table.refused == 0
+
+
+def test_a_reap_that_recorded_no_plan_keeps_the_others_waiting_a_heartbeat():
+    """A reap by an older worker (no plan in the item): the others wait the grace,
+    then take only the excess beyond the reaper's published room, from the back."""
+    table, workers = fleet(350, {"a": 350, "b": 350})
+    old = table.session(DEAD)
+    raw = attempt(session_rules.reap_update("old", T0, TIMING), table.sessions[DEAD])
+    assert raw is not None
+    table.sessions[DEAD] = raw
+    table.add_session("old", 1, connections=350, expires_at_ms=T0 + 2_000)
+    assert table.session(DEAD) == replace(old, state=schema.DEAD, reaped_at_ms=T0, reaped_by="old")
+    table.now_ms = T0 + 100
+    assert sweep(workers, "b") == []
+    table.now_ms = T0 + round(TIMING.heartbeat * 1000)
+    b = sweep(workers, "b")
+    assert sorted(b) == [f"c{n:04}" for n in range(200, 350)]  # 150 of the 200 beyond its room
+
+
+def test_a_pass_comes_as_soon_as_a_listed_session_may_be_reaped():
+    """Every worker that listed the session before it lapsed passes again as soon as
+    the reap may pass, not at its interval: the reaper and the takers of the other
+    parts all go within a few milliseconds of the lapse."""
+    table = Table()
+    table.add_session(*DEAD, connections=10, expires_at_ms=T0 + 400)  # last renewed
+    for n in range(10):
+        table.owners[f"c{n:04}"] = DEAD
+    table.add_session("a", 1, connections=0, expires_at_ms=T0 + 2_500)
+    reconciler, _ = worker(table, "a", 0)
+    assert reconciler.next_pass_in(0.6) == 0.6  # nothing listed yet
+    asyncio.run(reconciler.sweep_sessions())
+    wake = 400 + TIMING.skew_ms + session_rules.REAP_WAKE_MARGIN_MS
+    assert reconciler.next_pass_in(0.72) == pytest.approx(wake / 1000)
+    assert reconciler.next_pass_in(0.5) == 0.5  # the interval comes first
+    table.now_ms = T0 + wake
+    taken, _ = asyncio.run(reconciler.sweep_sessions())
+    assert table.session(DEAD).state == schema.DEAD
+    assert len(taken) == 10
+    # The dead session is no longer ALIVE: the interval again.
+    asyncio.run(reconciler.sweep_sessions())
+    assert reconciler.next_pass_in(0.6) == 0.6
