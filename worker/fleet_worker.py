@@ -788,7 +788,8 @@ class Worker:
         """Connections another worker released for this one: a balance move, taken up to
         this worker's fair share, or a drain, taken up to capacity like
         a dead session's (everything of a worker that shuts down must find a home).
-        What is not taken waits in the ``unowned`` index. Every offer is acted on."""
+        A move beyond the share is declined and hinted on the start queue. Every offer
+        is acted on."""
         if not tokens:
             return set()
         drains = {t for t in tokens if session_rules.notice_kind(t) == session_rules.DRAIN}
@@ -796,7 +797,14 @@ class Worker:
         moves = sorted({session_rules.notice_connection_id(t) for t in tokens - drains})
         room = self.balancer.room() if moves else 0
         accepted = drained + moves[:room]
+        declined = moves[room:]
         results = await asyncio.gather(*(self.acquire(cid) for cid in accepted))
+        # A move this worker does not take (its view of the loads says it is at its
+        # share; the giver's said otherwise) would wait in the unowned index, where
+        # every worker at or above its share leaves it too: a hint hands it to whoever
+        # has a free slot now (a hint is taken up to capacity), and a later round
+        # evens the loads out gracefully.
+        await asyncio.gather(*(self.send_reassign(cid) for cid in declined))
         log.info(
             "offers",
             extra={
@@ -804,6 +812,7 @@ class Worker:
                 "moved": len(moves),
                 "room": room,
                 "won": sum(1 for r in results if r is AcquireResult.WON),
+                "declined": len(declined),
             },
         )
         return tokens

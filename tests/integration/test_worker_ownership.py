@@ -210,3 +210,31 @@ async def test_f8_a_burst_of_stops_is_read_in_batches_not_one_connection_at_a_ti
         assert running.store.calls["get_many"] <= 2
         for cid in ids:
             assert item(ddb, table, cid).lease_owner is None
+
+
+async def test_a_move_the_receiver_declines_is_hinted_not_left_in_the_unowned_index(
+    ddb, table, control: DesiredStateStore, in_process, feed_url
+):
+    """A balance move offered to a worker whose own view puts it at its share (the
+    giver's view said otherwise: another worker's loads as listed, a slow listing) is
+    declined. Left in the unowned index, where every worker at or above its share
+    leaves it too, it went without deliveries until the loads changed (seen: 17 s with
+    one worker's DynamoDB slow). Declined, it is hinted on the start queue, which any
+    worker with a free slot takes (here the receiver itself: its sweep takes nothing)."""
+    ids = ["m1", "m2", "m3"]
+    async with in_process() as running:
+        worker = running.worker
+        worker.balancer.room = lambda: 0  # type: ignore[method-assign]
+        worker.balancer.room_for_free = lambda seen: 0  # type: ignore[method-assign]
+        t0 = now_ms()
+        for cid in ids:
+            control.start(cid, f"{feed_url}/{cid}", t0)  # free, as a giver's release leaves it
+        await until(lambda: worker.session_gen, what="session open")
+        tokens = [
+            session_rules.notice_token(cid, session_rules.OFFER, now_ms(), "n") for cid in ids
+        ]
+        sessions = SessionStore(ddb, table, SCALED_TIMING)
+        assert sessions.offer(worker.worker_id, worker.session_gen, tokens)
+        await until(
+            lambda: set(worker.owned()) == set(ids), within=15, what="the declined moves taken"
+        )
