@@ -67,11 +67,13 @@ async def test_f1_a_lease_won_under_a_session_reaped_meanwhile_is_never_run(
         await opens.entered_async()  # the worker saw the reap: the next open waits
         acquires.release()
         # The acquire landed under session 1 (epoch 1): given back without a run.
+        # The acquire landed (epoch 1) and was given back (no owner).
         await until(
-            lambda: item(ddb, table, "c1").lease_owner is None,
+            lambda: (lambda got: got.lease_epoch == 1 and got.lease_owner is None)(
+                item(ddb, table, "c1")
+            ),
             what="the lease won under the reaped session given back",
         )
-        assert item(ddb, table, "c1").lease_epoch == 1
         assert "c1" not in running.worker.owned()  # no runner
         opens.release()
         await until(lambda: running.handler.deliveries, what="deliveries under session 2")
@@ -208,7 +210,9 @@ async def test_f8_a_burst_of_stops_is_read_in_batches_not_one_connection_at_a_ti
         assert sessions.offer(worker.worker_id, gen, tokens)  # one write of all notices
         await until(lambda: not worker.owned(), within=20, what="every runner stopped")
         assert running.store.calls.get("get", 0) == 0
-        assert running.store.calls["get_many"] <= 2
+        # Two batches for the notices, and maybe one or two more for the own-check
+        # finding the same stops in its listing: a handful, not one per connection.
+        assert running.store.calls["get_many"] <= 5
         for cid in ids:
             assert item(ddb, table, cid).lease_owner is None
 
