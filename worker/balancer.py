@@ -93,6 +93,7 @@ class Balancer:
         rng: random.Random,
         settle: float = 0.0,
         monotonic: Callable[[], float] = time.monotonic,
+        tokens: Callable[[int], str] = secrets.token_hex,
     ) -> None:
         """``settings`` None: balancing is off (rooms are then the free capacity).
         ``settle``: how long after a hand-over its connections may still be counted by
@@ -109,6 +110,7 @@ class Balancer:
         self._round: asyncio.Task[int] | None = None
         self._settle = settle
         self._monotonic = monotonic
+        self._tokens = tokens
         self._handed: list[tuple[float, int]] = []
         """``(when, how many)`` of the hand-overs of the last ``settle`` seconds."""
 
@@ -313,7 +315,7 @@ class Balancer:
         worker_id, _, gen = receiver.rpartition("#")
         now_ms = self._wall_ms()
         tokens = [
-            session_rules.notice_token(cid, kind, now_ms, secrets.token_hex(4)) for cid in released
+            session_rules.notice_token(cid, kind, now_ms, self._tokens(4)) for cid in released
         ]
         loop = asyncio.get_running_loop()
         offered = False

@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
+from secrets import token_hex
 from typing import TYPE_CHECKING, Any
 
 from worker import health, loop_watch
@@ -29,6 +30,7 @@ from worker.reconciler import Reconciler
 from worker.releasing import release_within_budget
 from worker.session import SessionEvents, SessionKeeper
 from worker.start_queue import StartConsumer, StartQueue
+from worker.threads import OS_THREADS, Threads
 from worker.upstream_protocol import UpstreamProtocol
 from wsfleet import lease_rules, session_rules
 from wsfleet import metric_names as m
@@ -66,6 +68,12 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _now() -> float:
+    """Monotonic seconds: the running loop's clock (``time.monotonic`` in production,
+    virtual time in the simulator)."""
+    return asyncio.get_running_loop().time()
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerDeps:
     store: LeaseStore
@@ -80,6 +88,14 @@ class WorkerDeps:
     rng: random.Random | None = None
     secrets: SecretCache | None = None
     """Where connections that name a secret read it (None: they cannot connect)."""
+    threads: Threads = OS_THREADS
+    """The session renew's and the long poll's threads (worker.threads)."""
+    tokens: Callable[[int], str] = token_hex
+    """``tokens(n)``: ``n`` random bytes as hex (the offers' nonces)."""
+    stamp_health: Callable[[], None] | None = None
+    """Records that the event loop runs (None: the config's health file is touched)."""
+    lag_probe_seconds: float | None = loop_watch.LAG_PROBE_SECONDS
+    """How often event-loop lag is sampled (None: not sampled)."""
 
 
 class Worker:
@@ -89,6 +105,7 @@ class Worker:
         self._sessions = deps.sessions
         self._renewals = deps.renewals
         self._wall_ms = deps.wall_ms
+        self._deps = deps
         rng = deps.rng or random.Random()
         self._rng = rng
         self.worker_id = config.worker_id
@@ -161,8 +178,12 @@ class Worker:
             wall_ms=deps.wall_ms,
             rng=rng,
             settle=2 * config.timing.heartbeat + 1.0,
+            monotonic=_now,
+            tokens=deps.tokens,
         )
-        self.queue = StartQueue(deps.sqs, config.queue_url, wait_seconds=config.sqs_wait_seconds)
+        self.queue = StartQueue(
+            deps.sqs, config.queue_url, wait_seconds=config.sqs_wait_seconds, threads=deps.threads
+        )
         self.consumer = StartConsumer(
             self.queue,
             capacity=self.capacity,
@@ -222,7 +243,7 @@ class Worker:
     def _suspect(self, gen: int) -> None:
         self._doubt = True
         if gen:
-            self._suspect_gens[gen] = time.monotonic()
+            self._suspect_gens[gen] = _now()
 
     def load(self) -> tuple[int, int]:
         """Connections run now, and the capacity the session publishes (0 while closing)."""
@@ -266,7 +287,7 @@ class Worker:
 
     def recently_released(self, connection_id: str) -> bool:
         released = self._released.get(connection_id)
-        return released is not None and time.monotonic() - released < RELEASED_RECENTLY_SECONDS
+        return released is not None and _now() - released < RELEASED_RECENTLY_SECONDS
 
     def take_doubt(self) -> bool:
         doubt, self._doubt = self._doubt, False
@@ -317,7 +338,7 @@ class Worker:
                 "live_session_gen": self.session_gen,
             },
         )
-        self._released[lease.connection_id] = time.monotonic()
+        self._released[lease.connection_id] = _now()
         released = await release_within_budget(
             functools.partial(self._store.release, lease, None, self._wall_ms()),
             lease.connection_id,
@@ -336,7 +357,7 @@ class Worker:
         cid = seen.connection_id
         kept = lease_rules.unanswered_checkpoint(self._unanswered.get(cid), seen)
         lease = lease_rules.lease_of_entry(seen, self.worker_id, seen.owner_session_gen or 0)
-        self._released[cid] = time.monotonic()
+        self._released[cid] = _now()
         if lease.malformed is not None:
             await self._park_malformed(lease, lease.malformed)
             return
@@ -566,7 +587,7 @@ class Worker:
         finally:
             del self._runners[connection_id]
             self._own_tasks.pop(connection_id, None)
-            self._released[connection_id] = time.monotonic()
+            self._released[connection_id] = _now()
             if outcome is None or (outcome.ending.releases and not outcome.released):
                 self._doubt = True
             if outcome is not None and outcome.unanswered is not None:
@@ -653,6 +674,8 @@ class Worker:
                 capacity=self._published_capacity,
                 first_renew_at=sent_at + timing.heartbeat,
                 opened_at=sent_at,
+                threads=self._deps.threads,
+                clock=loop.time,
             )
             self._keeper.start()
             self._page_written = {}
@@ -926,8 +949,10 @@ class Worker:
             asyncio.create_task(self.reconciler.run(), name="reconciler"),
             asyncio.create_task(self._write_pages(), name="pages"),
             asyncio.create_task(self._flush_metrics(), name="metrics"),
-            asyncio.create_task(loop_watch.probe_lag(self.metrics), name="loop-lag"),
         ]
+        if self._deps.lag_probe_seconds is not None:
+            probe = loop_watch.probe_lag(self.metrics, self._deps.lag_probe_seconds)
+            loops.append(asyncio.create_task(probe, name="loop-lag"))
         done, _ = await asyncio.wait([stopped, *loops], return_when=asyncio.FIRST_COMPLETED)
         for task in done - {stopped}:
             # The loops never return; one that did has crashed.
@@ -937,7 +962,7 @@ class Worker:
         await self.shutdown(loops)
 
     async def shutdown(self, loops: list[asyncio.Task[None]]) -> None:
-        started = time.monotonic()
+        started = _now()
         self._closing = True
         for task in loops:
             task.cancel()
@@ -959,7 +984,7 @@ class Worker:
                 "connections": count,
                 "handed_over": len(handed),
                 "handed_back": handed_back,
-                "seconds": round(time.monotonic() - started, 3),
+                "seconds": round(_now() - started, 3),
             },
         )
 
@@ -1015,9 +1040,10 @@ class Worker:
         await asyncio.wait(stragglers, timeout=timing.release_budget + 1.0)
 
     async def _stamp_health(self) -> None:
+        stamp = self._deps.stamp_health or functools.partial(health.stamp, self.config.health_file)
         while True:
             try:
-                health.stamp(self.config.health_file)
+                stamp()
             except OSError as error:
                 log.warning("cannot write the health stamp", extra={"error": repr(error)})
             await asyncio.sleep(HEALTH_STAMP_SECONDS)

@@ -28,7 +28,6 @@ import asyncio
 import functools
 import logging
 import random
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
@@ -377,7 +376,7 @@ class Reconciler:
     async def release_strays(self) -> None:
         entries: list[ConnectionItem] = []
         for gen in self._owner.own_generations():
-            checked_at = time.monotonic()
+            checked_at = asyncio.get_running_loop().time()
             found = await self._own_entries(gen)
             self._owner.own_check_found(gen, len(found), checked_at)
             entries += found

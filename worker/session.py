@@ -11,21 +11,22 @@ router's notices), a renew that failed, a reap, and a session given up (no renew
 landed for its fence window and a heartbeat).
 
 The loop keeps the fence deadline of every connection from the ``sent_at`` the thread
-reports; both use the same monotonic clock (``time.monotonic``, the event loop's
-clock).
+reports; both read the event loop's clock (``time.monotonic`` in production, virtual
+time in the simulator). Threads and mailboxes come from the
+:class:`~worker.threads.Threads` port.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from worker.renew_plan import RenewPlan, Step
+from worker.threads import OS_THREADS, Joinable, Mailbox, MailboxEmptyError, Threads
 from wsfleet.session_rules import RenewRefusal
 from wsfleet.session_store import SessionRenewed, SessionStore
 
@@ -76,9 +77,12 @@ class SessionKeeper:
         capacity: Callable[[], int],
         first_renew_at: float,
         opened_at: float | None = None,
+        threads: Threads = OS_THREADS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``opened_at``: when the session's open was sent (its first fence deadline is
-        counted from it); a heartbeat before ``first_renew_at`` when not given."""
+        counted from it); a heartbeat before ``first_renew_at`` when not given.
+        ``clock``: the event loop's (``loop.time``), which the fence deadlines use."""
         self._store = store
         self.worker_id = worker_id
         self.session_gen = session_gen
@@ -91,16 +95,16 @@ class SessionKeeper:
         if opened_at is None:
             opened_at = first_renew_at - timing.heartbeat
         self._plan = RenewPlan.opened(timing, opened_at, first_renew_at)
+        self._clock = clock
+        self._threads = threads
         self._stop = threading.Event()
-        self._answers: queue.SimpleQueue[_Answer | object] = queue.SimpleQueue()
+        self._answers: Mailbox[_Answer | object] = threads.mailbox()
         self._acted: set[str] = set()
         self._lock = threading.Lock()
-        self._thread = threading.Thread(
-            target=self._run, name=f"session-renew-{session_gen}", daemon=True
-        )
+        self._thread: Joinable | None = None
 
     def start(self) -> None:
-        self._thread.start()
+        self._thread = self._threads.start(self._run, f"session-renew-{self.session_gen}")
 
     def stop(self) -> None:
         """Stop renewing (returns at once; renews in flight are no longer awaited)."""
@@ -108,7 +112,8 @@ class SessionKeeper:
         self._answers.put(_STOP)
 
     def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
+        if self._thread is not None:
+            self._thread.join(timeout)
 
     def acted_on(self, notices: set[str]) -> None:
         """The owner acted on these notices: the next renew removes them."""
@@ -118,7 +123,7 @@ class SessionKeeper:
     def _run(self) -> None:
         plan = self._plan
         while not self._stop.is_set():
-            now = time.monotonic()
+            now = self._clock()
             step = plan.step(now)
             if step is Step.SEND:
                 self._send(now, plan.sent(now))
@@ -132,7 +137,7 @@ class SessionKeeper:
                 return
             try:
                 answer = self._answers.get(timeout=max(0.0, plan.wake_at() - now))
-            except queue.Empty:
+            except MailboxEmptyError:
                 continue
             if not isinstance(answer, _Answer) or not self._take(plan, answer):
                 return
@@ -158,13 +163,11 @@ class SessionKeeper:
                 result = error
             self._answers.put(_Answer(sent_at, lateness, acted, result))
 
-        threading.Thread(
-            target=attempt, name=f"session-renew-{self.session_gen}-attempt", daemon=True
-        ).start()
+        self._threads.start(attempt, f"session-renew-{self.session_gen}-attempt")
 
     def _take(self, plan: RenewPlan, answer: _Answer) -> bool:
         """Apply one answer; False once the session is reaped."""
-        result, now = answer.result, time.monotonic()
+        result, now = answer.result, self._clock()
         if isinstance(result, Exception):
             log.warning(
                 "session renew failed, retrying",

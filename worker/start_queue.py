@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from worker.acquire_result import AcquireResult
-from worker.blocking import in_daemon_thread
 from worker.capacity import Capacity
+from worker.threads import OS_THREADS, Threads, in_daemon_thread
 from wsfleet.backoff import backoff_delays
 from wsfleet.start_messages import (
     REASSIGN,
@@ -38,10 +38,13 @@ Acquire = Callable[[str], Awaitable[AcquireResult]]
 class StartQueue:
     """Thin async wrapper over the start queue."""
 
-    def __init__(self, sqs: SQSClient, queue_url: str, *, wait_seconds: int) -> None:
+    def __init__(
+        self, sqs: SQSClient, queue_url: str, *, wait_seconds: int, threads: Threads = OS_THREADS
+    ) -> None:
         self._sqs = sqs
         self._url = queue_url
         self._wait = wait_seconds
+        self._threads = threads
 
     async def receive(self, max_messages: int) -> list[MessageTypeDef]:
         response = await in_daemon_thread(
@@ -50,7 +53,8 @@ class StartQueue:
                 MaxNumberOfMessages=max(1, min(10, max_messages)),
                 WaitTimeSeconds=self._wait,
                 MessageSystemAttributeNames=["ApproximateReceiveCount"],
-            )
+            ),
+            self._threads,
         )
         return list(response.get("Messages", []))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -251,9 +251,17 @@ class DesiredStateStore:
 
     _ATTEMPTS = 4
 
-    def __init__(self, client: DynamoDBClient, table_name: str) -> None:
+    def __init__(
+        self,
+        client: DynamoDBClient,
+        table_name: str,
+        *,
+        tokens: Callable[[int], str] = secrets.token_hex,
+    ) -> None:
+        """``tokens(n)``: ``n`` random bytes as hex, for the notices' nonces."""
         self._client = client
         self._table = table_name
+        self._tokens = tokens
 
     def start(
         self,
@@ -323,7 +331,7 @@ class DesiredStateStore:
         if item.lease_owner is None or item.owner_session_gen is None:
             return
         update = session_rules.notice_update(
-            session_rules.notice_token(item.connection_id, what, now_ms, secrets.token_hex(4))
+            session_rules.notice_token(item.connection_id, what, now_ms, self._tokens(4))
         )
         key = schema.session_key(item.lease_owner, item.owner_session_gen)
         try:

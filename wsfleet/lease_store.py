@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -67,8 +67,17 @@ class LeaseStore:
     _ATTEMPTS = 3
     """Rounds of a takeover or a release whose condition failed on a changed item."""
 
-    def __init__(self, client: DynamoDBClient, table_name: str, timing: LeaseTiming) -> None:
+    def __init__(
+        self,
+        client: DynamoDBClient,
+        table_name: str,
+        timing: LeaseTiming,
+        *,
+        tokens: Callable[[int], str] = secrets.token_hex,
+    ) -> None:
+        """``tokens(n)``: ``n`` random bytes as hex, for the attempts' tokens."""
         self._client = client
+        self.tokens = tokens
         self._table = table_name
         self._timing = timing
         self._lock = threading.Lock()
@@ -95,7 +104,7 @@ class LeaseStore:
     ) -> Lease | AcquireRefusal:
         """Take the connection if nobody owns it. Exactly one concurrent caller wins.
         ``token`` identifies this attempt (random by default; tests pass their own)."""
-        token = token or secrets.token_hex(8)
+        token = token or self.tokens(8)
         update = lease_rules.acquire_update(connection_id, owner, session_gen, now_ms, token)
         try:
             old = self._update(connection_id, update, return_values="ALL_OLD")
@@ -132,7 +141,7 @@ class LeaseStore:
         for _ in range(self._ATTEMPTS):
             entry = None if page is None else page.entries.get(seen.connection_id)
             resume = resume_seq(seen.lease_epoch, seen.seq_gen, seen.last_seq, entry)
-            token = secrets.token_hex(8)
+            token = self.tokens(8)
             update = lease_rules.takeover_update(seen, owner, session_gen, resume, now_ms, token)
             try:
                 old = self._update(seen.connection_id, update, return_values="ALL_OLD")
@@ -198,7 +207,7 @@ class LeaseStore:
         results: dict[str, Lease | TakeoverStep] = {}
         for start in range(0, len(seen), TAKEOVER_BATCH):
             chunk = list(seen[start : start + TAKEOVER_BATCH])
-            token = secrets.token_hex(8)
+            token = self.tokens(8)
             resumes = {
                 item.connection_id: resume_seq(
                     item.lease_epoch,

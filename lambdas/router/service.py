@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -64,11 +65,13 @@ class ConnectionService:
         settings: RouterSettings,
         wall_ms: Callable[[], int] = wall_clock_ms,
         new_id: Callable[[], str] = new_connection_id,
+        tokens: Callable[[int], str] = secrets.token_hex,
     ) -> None:
+        """``tokens(n)``: ``n`` random bytes as hex (the notices' nonces)."""
         self._dynamodb = dynamodb
         self._sqs = sqs
         self._settings = settings
-        self._store = DesiredStateStore(dynamodb, settings.table_name)
+        self._store = DesiredStateStore(dynamodb, settings.table_name, tokens=tokens)
         self._wall_ms = wall_ms
         self._new_id = new_id
 
