@@ -216,6 +216,8 @@ def ordered(value: Attr) -> str | Decimal | bytes:
 
 
 def copy_value(value: Attr) -> Attr:
+    if "S" in value or "N" in value:  # most values: immutable content, one dict to copy
+        return dict(value)
     for kind, content in value.items():
         if type(content) is list:
             if kind == "L":
@@ -229,7 +231,10 @@ def copy_value(value: Attr) -> Attr:
 
 def copy_item(item: Mapping[str, Attr]) -> Item:
     """A copy the caller may change without touching what the engine stores."""
-    return {name: copy_value(value) for name, value in item.items()}
+    return {
+        name: dict(value) if "S" in value or "N" in value else copy_value(value)
+        for name, value in item.items()
+    }
 
 
 def value_size(value: Attr) -> int:
