@@ -32,10 +32,13 @@ Local's), items of one partition in sort key order.
 
 Not simulated: capacity, throttling and consumed capacity
 (``ReturnConsumedCapacity`` other than ``NONE`` raises NotImplementedError), the 1 MB
-page limit, TTL expiry, streams, local secondary indexes, parallel scans, the legacy
-parameters (``AttributesToGet``, ``KeyConditions``, ``Expected``...), PartiQL, and
-the rest of the API. What DynamoDB may accept but the engine does not evaluate raises
-NotImplementedError rather than answering differently.
+page limit, ``UnprocessedKeys`` (always empty), TTL expiry, streams, local secondary
+indexes, parallel scans, ``batch_write_item``, ``transact_get_items``, PartiQL, the
+legacy parameters (``AttributesToGet``, ``KeyConditions``, ``Expected``...),
+transaction conflicts (calls never overlap), and nested paths or bare attribute names
+in expressions. What DynamoDB may accept but the engine does not evaluate raises
+NotImplementedError rather than answering differently (docs/TESTING.md, "The
+simulated DynamoDB").
 """
 
 from __future__ import annotations
@@ -1172,11 +1175,7 @@ class DynamoDBEngine:
             if test is None or test.test(item, names, values):
                 count += 1
                 if not counting:
-                    found.append(
-                        copy_item(item)
-                        if shown is None
-                        else {n: copy_value(item[n]) for n in shown if n in item}
-                    )
+                    found.append(copy_item(item) if shown is None else _copy_some(item, shown))
             if limit is not None and scanned >= limit:
                 last = item
                 break
@@ -1354,6 +1353,16 @@ class DynamoDBEngine:
             written, token = order.popleft()
             if self._tokens.get(token, (None,))[0] == written:
                 del self._tokens[token]
+
+
+def _copy_some(item: Item, names: Sequence[str]) -> Item:
+    """:func:`copy_item` of the named attributes the item has (inlined: this runs for
+    every item a query returns)."""
+    return {
+        name: dict(value) if "S" in value or "N" in value else copy_value(value)
+        for name in names
+        if (value := item.get(name)) is not None
+    }
 
 
 def _key_size(value: Attr) -> int:
