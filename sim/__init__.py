@@ -1,0 +1,1 @@
+"""The deterministic simulator's stand-ins for the services the fleet uses."""
