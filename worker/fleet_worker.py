@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from secrets import token_hex
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from worker import health, loop_watch
 from worker.acquire_result import AcquireResult
@@ -96,6 +96,8 @@ class WorkerDeps:
     """Records that the event loop runs (None: the config's health file is touched)."""
     lag_probe_seconds: float | None = loop_watch.LAG_PROBE_SECONDS
     """How often event-loop lag is sampled (None: not sampled)."""
+    metrics_out: TextIO | None = None
+    """Where the EMF documents go (None: standard output)."""
 
 
 class Worker:
@@ -150,6 +152,7 @@ class Worker:
             service=config.service_name,
             task_id=config.worker_id,
             active_connections=lambda: len(self._runners),
+            out=deps.metrics_out,
         )
         self._settings = ConnectionSettings(
             store=deps.store,

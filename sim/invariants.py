@@ -1,0 +1,257 @@
+"""The promises, checked as the simulated fleet runs.
+
+1. Never two workers handling one connection at overlapping times, and no delivery
+   by an epoch older than one that has delivered. A call that was in flight when its
+   process was paused is the one exception no lease can prevent: the process cannot
+   cut it while it is stopped, and the handler may go on for a moment when it resumes
+   (what the epoch on each delivery is for, docs/DESIGN.md §3.8). Such overlaps are
+   counted as ``zombie_overlaps``, not violations; a call *started* by a superseded
+   holder, paused or not, is one.
+2. For a resumable stream, no seq is skipped: a handler call may start at a seq only
+   when every seq before it was handled (a call that returned) by someone.
+3. No STARTED connection goes dark (no handler call) for longer than the crash
+   failover bound (plus the feed's interval between messages), counted from the later
+   of its last delivery and the heal of the last fault that excuses darkness: a crash,
+   pause, partition or drain of a worker, errors or throttling of DynamoDB, index lag
+   and stale reads, trouble with that connection's upstream or handler, or its stop.
+   One worker's slow DynamoDB excuses nothing (docs/DESIGN.md §3.11).
+4. A stop ends delivery within the stop bound, unless a fault (any, slow DynamoDB
+   included) disturbed the fleet in between.
+5. No unhandled exception, no capacity slot leaked, no worker exits with an error.
+
+Each violation carries the simulated time and the trail of events before it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant: int
+    at: float
+    what: str
+    trail: tuple[str, ...]
+
+    def render(self, seed: int) -> str:
+        lines = [f"seed {seed}: invariant {self.invariant} at t={self.at:.3f}: {self.what}"]
+        lines += [f"    {line}" for line in self.trail]
+        return "\n".join(lines)
+
+
+@dataclass
+class _Call:
+    worker: str
+    epoch: int
+    stream: str
+    first: int
+    seq: int
+    started: float
+
+
+@dataclass
+class _Connection:
+    max_epoch: int = 0
+    handled: dict[str, int] = field(default_factory=dict)
+    """By stream, the highest seq up to which every seq was handled."""
+    calls: dict[str, _Call] = field(default_factory=dict)
+    """Handler calls in flight, by worker."""
+    started: bool = False
+    dark_since: float | None = None
+    """While STARTED: its last delivery, or its start."""
+    stopped_at: float | None = None
+    last_delivery: float | None = None
+    deliveries: int = 0
+
+
+class Monitor:
+    TRAIL = 40
+
+    def __init__(self, clock: object, *, stop_bound: float, dark_bound: float) -> None:
+        self._clock = clock
+        self._stop_bound = stop_bound
+        self._dark_bound = dark_bound
+        self._excuses: list[tuple[float, float, str | None]] = []
+        self._disturbances: list[tuple[float, float]] = []
+        self._pauses: dict[str, list[tuple[float, float]]] = {}
+        self.zombie_overlaps = 0
+        self._connections: dict[str, _Connection] = {}
+        self._trail: deque[str] = deque(maxlen=self.TRAIL)
+        self._trails: dict[str, deque[str]] = {}
+        self._hash = hashlib.sha256()
+        self.violations: list[Violation] = []
+        self.deliveries = 0
+
+    def now(self) -> float:
+        return self._clock.now  # type: ignore[attr-defined,no-any-return]
+
+    def event(self, text: str, connection_id: str | None = None) -> None:
+        """An event of the run: of one connection, or of the fleet."""
+        line = f"{self.now():10.3f} {text}"
+        self._hash.update(line.encode())
+        self._keep(line, connection_id)
+
+    def _keep(self, line: str, connection_id: str | None) -> None:
+        if connection_id is None:
+            self._trail.append(line)
+            return
+        trail = self._trails.get(connection_id)
+        if trail is None:
+            trail = self._trails[connection_id] = deque(maxlen=self.TRAIL)
+        trail.append(line)
+
+    def trail(self, connection_id: str | None) -> tuple[str, ...]:
+        """The fleet's last events and the connection's, in order of time."""
+        lines = list(self._trail) + list(self._trails.get(connection_id or "", ()))
+        return tuple(sorted(lines, key=lambda line: float(line.split(None, 1)[0]))[-self.TRAIL :])
+
+    def note(self, text: str, connection_id: str | None = None) -> None:
+        """A line for the trail only (log lines: kept out of the trace hash)."""
+        self._keep(f"{self.now():10.3f} {text}", connection_id)
+
+    def trace_hash(self) -> str:
+        return self._hash.hexdigest()[:16]
+
+    def violated(self, invariant: int, what: str, connection_id: str | None = None) -> None:
+        self.event(f"VIOLATION {invariant}: {what}")
+        trail = self.trail(connection_id)
+        self.violations.append(Violation(invariant, self.now(), what, trail))
+
+    def _violated(self, connection_id: str, invariant: int, what: str) -> None:
+        self.violated(invariant, what, connection_id)
+
+    def _connection(self, connection_id: str) -> _Connection:
+        found = self._connections.get(connection_id)
+        if found is None:
+            found = self._connections[connection_id] = _Connection()
+        return found
+
+    # The router's view.
+
+    def excuse(self, start: float, end: float, connection_id: str | None = None) -> None:
+        """Darkness from ``start`` to ``end`` (of one connection, or of every one) is the
+        fault's, not the fleet's."""
+        self._excuses.append((start, end, connection_id))
+
+    def paused(self, worker: str, start: float, end: float) -> None:
+        self._pauses.setdefault(worker, []).append((start, end))
+
+    def _paused_since(self, worker: str, since: float) -> bool:
+        return any(end > since for _, end in self._pauses.get(worker, ()))
+
+    def disturbance(self, start: float, end: float) -> None:
+        """A fault from ``start`` to ``end``: the stop bound does not hold across it."""
+        self._disturbances.append((start, end))
+
+    def starting(self, connection_id: str) -> None:
+        """A start is on its way: from now on the connection may run again."""
+        self._connection(connection_id).stopped_at = None
+
+    def started(self, connection_id: str) -> None:
+        connection = self._connection(connection_id)
+        if not connection.started:
+            connection.dark_since = self.now()
+        connection.started, connection.stopped_at = True, None
+        self.event(f"start {connection_id}", connection_id)
+
+    def stopped(self, connection_id: str) -> None:
+        connection = self._connection(connection_id)
+        connection.started, connection.stopped_at = False, self.now()
+        connection.dark_since = None
+        self.event(f"stop {connection_id}", connection_id)
+
+    # The handlers' view.
+
+    def call_started(
+        self, worker: str, connection_id: str, epoch: int, stream: str, first: int, seq: int
+    ) -> None:
+        """A handler call of seqs ``first`` to ``seq`` (one message: both the same)."""
+        now = self.now()
+        connection = self._connection(connection_id)
+        self.deliveries += seq - first + 1
+        connection.deliveries += seq - first + 1
+        connection.last_delivery = now
+        if connection.started and connection.dark_since is not None:
+            self._check_dark(connection_id, connection.dark_since, now)
+            connection.dark_since = now
+        line = f"{now:10.3f} {worker} calls epoch {epoch} seq {first}..{seq}"
+        self._hash.update(line.encode())
+        self._keep(line, connection_id)
+        for other, call in connection.calls.items():
+            if other != worker and self._paused_since(other, call.started):
+                self.zombie_overlaps += 1
+                self._keep(f"{now:10.3f} zombie: {other} paused in a call", connection_id)
+            elif other != worker:
+                self._violated(
+                    connection_id,
+                    1,
+                    f"{connection_id}: {worker} (epoch {epoch}, seq {seq}) while {other}"
+                    f" (epoch {call.epoch}, seq {call.seq}) is in a call since"
+                    f" t={call.started:.3f}",
+                )
+        if epoch < connection.max_epoch:
+            self._violated(
+                connection_id,
+                1,
+                f"{connection_id}: {worker} delivered seq {seq} under epoch {epoch} after"
+                f" epoch {connection.max_epoch} delivered",
+            )
+        connection.max_epoch = max(connection.max_epoch, epoch)
+        if stream:
+            handled = connection.handled.get(stream, 0)
+            if first > handled + 1:
+                self._violated(
+                    connection_id,
+                    2,
+                    f"{connection_id} ({stream}): {worker} called with seq {first} when"
+                    f" only seqs up to {handled} were handled",
+                )
+        stopped = connection.stopped_at
+        if (
+            stopped is not None
+            and now > stopped + self._stop_bound
+            and not any(start <= now and end >= stopped for start, end in self._disturbances)
+        ):
+            self._violated(
+                connection_id,
+                4,
+                f"{connection_id}: {worker} delivered seq {seq} {now - stopped:.3f} s"
+                " after its stop",
+            )
+        connection.calls[worker] = _Call(worker, epoch, stream, first, seq, now)
+
+    def call_ended(self, worker: str, connection_id: str, *, returned: bool) -> None:
+        connection = self._connection(connection_id)
+        call = connection.calls.pop(worker, None)
+        if call is None or not returned or not call.stream:
+            return
+        if call.first <= connection.handled.get(call.stream, 0) + 1:
+            connection.handled[call.stream] = max(connection.handled.get(call.stream, 0), call.seq)
+
+    # At the end.
+
+    def _check_dark(self, connection_id: str, since: float, until: float) -> None:
+        healed = since
+        for start, end, about in self._excuses:
+            if start <= until and end >= since and about in (None, connection_id):
+                healed = max(healed, end)
+        if until - healed > self._dark_bound:
+            self._violated(
+                connection_id,
+                3,
+                f"{connection_id}: STARTED and dark from t={since:.3f} to t={until:.3f}"
+                f" ({until - healed:.3f} s after the last excusing fault healed;"
+                f" bound {self._dark_bound:.3f} s)",
+            )
+
+    def check_streaming(self, short_since: float | None = None) -> None:
+        """Invariant 3 at the end of the run, for connections dark until now (an
+        excuse from ``short_since`` on: the fleet is still short of room)."""
+        if short_since is not None:
+            self.excuse(short_since, self.now())
+        for connection_id, connection in sorted(self._connections.items()):
+            if connection.started and connection.dark_since is not None:
+                self._check_dark(connection_id, connection.dark_since, self.now())

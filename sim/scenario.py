@@ -1,0 +1,443 @@
+"""A seed's run: the fleet's shape, its schedule of faults and router requests, the
+quiet tail in which everything must recover, and the graceful end."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sim.fleet import Fleet, Shape, WorkerProcess, capture_logs
+from sim.invariants import Violation
+
+START = 1_000.0
+"""Virtual time at which a run starts (its wall clock: :data:`sim.fleet.EPOCH` + it)."""
+TAIL = 30.0
+"""Quiet seconds after the last fault heals: every STARTED connection streams again
+within the crash failover bound of that."""
+
+
+@dataclass(frozen=True)
+class Result:
+    seed: int
+    shape: Shape
+    violations: list[Violation]
+    simulated_seconds: float
+    deliveries: int
+    zombie_overlaps: int
+    faults: list[str]
+    trace_hash: str
+
+
+_ROUTER_REQUESTS = frozenset(
+    {"start", "stop", "restart", "new stream", "burst stop", "burst start"}
+)
+
+
+@dataclass
+class Fault:
+    at: float
+    name: str
+    act: Callable[[], None]
+
+
+class Schedule:
+    """Draws the faults of one run from its seed."""
+
+    def __init__(self, fleet: Fleet, rng: random.Random) -> None:
+        self.fleet = fleet
+        self.rng = rng
+        self.faults: list[Fault] = []
+
+    def add(
+        self,
+        at: float,
+        name: str,
+        act: Callable[[], None],
+        *,
+        heals: float = 0.0,
+        excuse: float | None = None,
+        connection_id: str | None = None,
+    ) -> None:
+        """``act`` at ``at``; the fault lasts ``heals`` seconds; darkness (of
+        ``connection_id``, or of every connection) is excused until ``excuse`` seconds
+        after ``at`` (None: not at all)."""
+        self.faults.append(Fault(at, name, act))
+        self.fleet.last_fault_end = max(self.fleet.last_fault_end, at + heals)
+        if name not in _ROUTER_REQUESTS:
+            self.fleet.monitor.disturbance(at, at + heals)
+        if excuse is not None:
+            self.fleet.monitor.excuse(at, at + excuse, connection_id)
+
+    def draw(self, start: float, end: float, count: int) -> None:
+        kinds = [
+            (self.crash, 3),
+            (self.sigterm, 2),
+            (self.scale_out, 1),
+            (self.scale_in, 1),
+            (self.pause, 3),
+            (self.brownout, 2),
+            (self.partition, 2),
+            (self.throttle, 1),
+            (self.lost_replies, 2),
+            (self.errors_after_apply, 1),
+            (self.index_lag, 1),
+            (self.stale_reads, 1),
+            (self.feed_drop, 2),
+            (self.feed_silence, 1),
+            (self.feed_refusal, 1),
+            (self.router_stop, 2),
+            (self.router_restart, 2),
+            (self.router_new_stream, 1),
+            (self.router_burst, 1),
+            (self.handler_trouble, 2),
+            (self.clock_step, 1),
+        ]
+        choices = [kind for kind, _ in kinds]
+        weights = [weight for _, weight in kinds]
+        for _ in range(count):
+            at = self.rng.uniform(start, end)
+            self.rng.choices(choices, weights)[0](at)
+        self.faults.sort(key=lambda f: f.at)
+
+    # Helpers
+
+    def _worker(self) -> WorkerProcess | None:
+        alive = self.fleet.alive()
+        return self.rng.choice(alive) if alive else None
+
+    def _on_worker(
+        self,
+        at: float,
+        name: str,
+        act: Callable[[WorkerProcess], None],
+        heals: float = 0.0,
+        excuse: float | None = None,
+    ) -> None:
+        def run() -> None:
+            process = self._worker()
+            if process is None:
+                return
+            self.fleet.monitor.event(f"fault: {name} {process.name}")
+            act(process)
+
+        self.add(at, name, run, heals=heals, excuse=excuse)
+
+    def _connection(self) -> str:
+        return f"c{self.rng.randrange(self.fleet.shape.connections)}"
+
+    def _replace_later(self, at: float) -> None:
+        delay = self.rng.uniform(3.0, 15.0)
+        self.add(at + delay, "replacement", self._start_worker)
+
+    # Workers
+
+    def crash(self, at: float) -> None:
+        self._on_worker(at, "crash", lambda p: p.crash(), excuse=0.0)
+        self._replace_later(at)
+
+    def sigterm(self, at: float) -> None:
+        self._on_worker(at, "sigterm", lambda p: p.terminate(), excuse=0.0)
+        self._replace_later(at)
+
+    def scale_out(self, at: float) -> None:
+        self.add(at, "scale-out", self._start_worker)
+
+    def _start_worker(self) -> None:
+        self.fleet.start_worker()
+
+    def scale_in(self, at: float) -> None:
+        def act(process: WorkerProcess) -> None:
+            if len(self.fleet.alive()) > max(3, self.fleet.shape.workers - 2):
+                process.terminate()
+
+        self._on_worker(at, "scale-in", act, excuse=0.0)
+
+    def pause(self, at: float) -> None:
+        seconds = self.rng.choice((0.3, 1.0, 2.0, 3.0, 6.0))
+        self._on_worker(at, f"pause {seconds}s", lambda p: self.fleet.pause(p, seconds), seconds)
+
+    def clock_step(self, at: float) -> None:
+        # Within the skew the design assumes (docs/DESIGN.md §3.6).
+        offset = self.rng.uniform(-0.2, 0.2)
+
+        def act(process: WorkerProcess) -> None:
+            process.wall_offset = offset
+
+        self._on_worker(at, f"wall clock {offset:+.3f}s", act)
+
+    # DynamoDB, one worker
+
+    def _window(
+        self,
+        at: float,
+        name: str,
+        seconds: float,
+        apply: Callable[[WorkerProcess], Callable[[], None]],
+        excuse: float | None,
+    ) -> None:
+        def act(process: WorkerProcess) -> None:
+            undo = apply(process)
+            self.fleet.world.at(self.fleet.world.now + seconds, undo)
+
+        self._on_worker(at, name, act, seconds, excuse)
+
+    def brownout(self, at: float) -> None:
+        seconds, extra = self.rng.uniform(3, 20), self.rng.uniform(0.3, 2.0)
+
+        def apply(process: WorkerProcess) -> Callable[[], None]:
+            now = self.fleet.world.now
+            process.link.brownouts.append((now, now + seconds, extra))
+            return lambda: None
+
+        # One worker's slow DynamoDB excuses no darkness (docs/DESIGN.md §3.11).
+        self._window(at, f"brownout +{extra:.2f}s for {seconds:.1f}s", seconds, apply, None)
+
+    def partition(self, at: float) -> None:
+        seconds = self.rng.uniform(1, 10)
+
+        def apply(process: WorkerProcess) -> Callable[[], None]:
+            now = self.fleet.world.now
+            process.link.partitions.append((now, now + seconds))
+            return lambda: None
+
+        self._window(at, f"partition for {seconds:.1f}s", seconds, apply, seconds)
+
+    def _probability(self, at: float, name: str, attribute: str) -> None:
+        seconds, p = self.rng.uniform(2, 15), self.rng.uniform(0.1, 0.5)
+
+        def apply(process: WorkerProcess) -> Callable[[], None]:
+            setattr(process.link, attribute, p)
+            return lambda: setattr(process.link, attribute, 0.0)
+
+        self._window(at, f"{name} p={p:.2f} for {seconds:.1f}s", seconds, apply, seconds)
+
+    def throttle(self, at: float) -> None:
+        self._probability(at, "throttling", "throttle")
+
+    def lost_replies(self, at: float) -> None:
+        self._probability(at, "lost replies", "lost_reply")
+
+    def errors_after_apply(self, at: float) -> None:
+        self._probability(at, "500 after apply", "error_after_apply")
+
+    # DynamoDB, everyone
+
+    def _weather(self, at: float, name: str, attribute: str, value: float, seconds: float) -> None:
+        fleet = self.fleet
+
+        def set_to(v: float) -> Callable[[], None]:
+            def act() -> None:
+                setattr(fleet.weather, attribute, v)
+                for link in fleet.links:
+                    setattr(link, attribute, v)
+
+            return act
+
+        def start() -> None:
+            fleet.monitor.event(f"fault: {name}")
+            set_to(value)()
+            fleet.world.at(fleet.world.now + seconds, set_to(0.0))
+
+        self.add(at, name, start, heals=seconds, excuse=seconds)
+
+    def index_lag(self, at: float) -> None:
+        lag, seconds = self.rng.uniform(0.5, 4.0), self.rng.uniform(5, 20)
+        self._weather(at, f"index lag {lag:.2f}s for {seconds:.1f}s", "index_lag", lag, seconds)
+
+    def stale_reads(self, at: float) -> None:
+        stale, seconds = self.rng.uniform(0.2, 3.0), self.rng.uniform(5, 20)
+        self._weather(
+            at, f"stale reads {stale:.2f}s for {seconds:.1f}s", "stale_by", stale, seconds
+        )
+
+    # Upstreams
+
+    def _stream_of(self, connection_id: str) -> str:
+        return f"{connection_id}-s{self.fleet.router.streams.get(connection_id, 0)}"
+
+    def feed_drop(self, at: float) -> None:
+        connection_id = self._connection()
+
+        def act() -> None:
+            self.fleet.monitor.event(f"fault: feed drops {connection_id}")
+            self.fleet.feeds.drop(self._stream_of(connection_id))
+
+        self.add(at, "feed drop", act, excuse=1.0, connection_id=connection_id)
+
+    def feed_silence(self, at: float) -> None:
+        connection_id, seconds = self._connection(), self.rng.uniform(2, 20)
+
+        def act() -> None:
+            self.fleet.monitor.event(f"fault: feed silent {connection_id} {seconds:.1f}s")
+            self.fleet.feeds.silence(self._stream_of(connection_id), seconds)
+
+        # The keepalive notices silence within a ping interval and timeout.
+        excuse = seconds + 12.0
+        self.add(at, "feed silence", act, heals=seconds, excuse=excuse, connection_id=connection_id)
+
+    def feed_refusal(self, at: float) -> None:
+        connection_id, seconds = self._connection(), self.rng.uniform(2, 20)
+        status = self.rng.choice((500, 502, 503))
+
+        def act() -> None:
+            self.fleet.monitor.event(f"fault: feed refuses {connection_id} {status} {seconds:.1f}s")
+            self.fleet.feeds.refuse(self._stream_of(connection_id), status, seconds)
+
+        # Reconnects back off up to 30 s.
+        excuse = seconds + 30.0
+        self.add(at, "feed refusal", act, heals=seconds, excuse=excuse, connection_id=connection_id)
+
+    # The router
+
+    def router_stop(self, at: float) -> None:
+        connection_id = self._connection()
+        self.add(at, "stop", lambda: self.fleet.router.stop(connection_id))
+        # Started again later (or never: then it stays stopped to the end).
+        if self.rng.random() < 0.7:
+            self.add(
+                at + self.rng.uniform(0.1, 20),
+                "start",
+                lambda: self.fleet.router.start(connection_id),
+            )
+
+    def router_restart(self, at: float) -> None:
+        connection_id = self._connection()
+
+        def act() -> None:
+            self.fleet.router.stop(connection_id)
+            self.fleet.router.start(connection_id)
+
+        self.add(at, "restart", act)
+
+    def router_new_stream(self, at: float) -> None:
+        connection_id = self._connection()
+        self.add(at, "new stream", lambda: self.fleet.router.start(connection_id, new_stream=True))
+
+    def router_burst(self, at: float) -> None:
+        ids = sorted({self._connection() for _ in range(self.rng.randint(5, 40))})
+
+        def stop_all() -> None:
+            self.fleet.monitor.event(f"fault: burst of {len(ids)} stops")
+            for connection_id in ids:
+                self.fleet.router.stop(connection_id)
+
+        def start_all() -> None:
+            for connection_id in ids:
+                self.fleet.router.start(connection_id)
+
+        self.add(at, "burst stop", stop_all)
+        self.add(at + self.rng.uniform(0.5, 10), "burst start", start_all)
+
+    # Handlers
+
+    def handler_trouble(self, at: float) -> None:
+        seconds = self.rng.uniform(2, 15)
+        kind = self.rng.choice(("slow", "raise", "cancelled", "pause"))
+        fleet = self.fleet
+
+        async def slow(rng: random.Random) -> None:
+            await asyncio.sleep(rng.uniform(0.05, 3.0))
+
+        async def fail(rng: random.Random) -> None:
+            raise RuntimeError("handler failed")
+
+        async def cancelled(rng: random.Random) -> None:
+            raise asyncio.CancelledError
+
+        def pauser(process: WorkerProcess) -> Callable[[random.Random], object]:
+            async def pause(rng: random.Random) -> None:
+                fleet.pause(process, rng.uniform(0.1, 4.0))
+                await asyncio.sleep(0)
+
+            return pause
+
+        def apply(process: WorkerProcess) -> Callable[[], None]:
+            behaviours = {"slow": slow, "raise": fail, "cancelled": cancelled}
+            process.misbehaviour = behaviours.get(kind) or pauser(process)
+
+            def undo() -> None:
+                process.misbehaviour = None
+
+            return undo
+
+        # A failing handler is retried with backoff up to 10 s.
+        self._window(at, f"handler {kind} for {seconds:.1f}s", seconds, apply, seconds + 10.0)
+
+
+def run_seed(seed: int, *, duration: float = 180.0, faults: int = 24) -> Result:
+    rng = random.Random(seed)
+    shape = Shape.draw(rng, duration=duration, faults=faults)
+    fleet = Fleet(seed, shape)
+    handler = capture_logs(fleet)
+    root = logging.getLogger()
+    saved_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            # The metrics' timestamps are the simulated wall clock's, in another year.
+            warnings.filterwarnings("ignore", message="This metric doesn't meet")
+            return _run(fleet, rng, shape)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(saved_level)
+
+
+def _run(fleet: Fleet, rng: random.Random, shape: Shape) -> Result:
+    world = fleet.world
+    world.now = START
+    for _ in range(shape.workers):
+        fleet.start_worker()
+    schedule = Schedule(fleet, rng)
+    # The connections start in the first seconds, in a few bursts.
+    for index in range(shape.connections):
+        schedule.add(START + rng.uniform(0.5, 8.0), "start", _starter(fleet, f"c{index}"))
+    schedule.draw(START + 10.0, START + shape.duration - TAIL, shape.faults)
+    for fault in sorted(schedule.faults, key=lambda f: f.at):
+        world.at(fault.at, fault.act)
+    healed = max(fleet.last_fault_end, START + 10.0)
+    end = max(START + shape.duration, healed + TAIL)
+    world.run_until(end)
+    fleet.monitor.check_streaming(fleet.short_since)
+    _shut_down(fleet)
+    for error in world.errors:
+        fleet.monitor.violated(5, f"unhandled: {error}")
+    return Result(
+        seed=fleet.seed,
+        shape=shape,
+        violations=fleet.monitor.violations,
+        simulated_seconds=world.now - START,
+        deliveries=fleet.monitor.deliveries,
+        zombie_overlaps=fleet.monitor.zombie_overlaps,
+        faults=[f.name for f in schedule.faults],
+        trace_hash=fleet.monitor.trace_hash(),
+    )
+
+
+def _starter(fleet: Fleet, connection_id: str) -> Callable[[], None]:
+    return lambda: fleet.router.start(connection_id)
+
+
+def _shut_down(fleet: Fleet) -> None:
+    """SIGTERM every worker left; each must exit in its shutdown budget with every slot
+    given back."""
+    world = fleet.world
+    running = [p for p in fleet.processes if p.alive]
+    for process in running:
+        process.terminate()
+    world.run_until(world.now + fleet.timing.shutdown_budget + 10.0)
+    for process in running:
+        if not process.exited:
+            fleet.monitor.violated(5, f"{process.name} did not exit after SIGTERM")
+            continue
+        worker = process.worker
+        if worker is not None and worker.capacity.free != process.config.max_connections:
+            fleet.monitor.violated(
+                5,
+                f"{process.name} exited with {worker.capacity.free} of"
+                f" {process.config.max_connections} slots free",
+            )
