@@ -129,7 +129,7 @@ class SimLoop(asyncio.BaseEventLoop):
         if self._ready_queue:
             return True
         scheduled = self._scheduled  # type: ignore[attr-defined]
-        return bool(scheduled) and scheduled[0]._when <= now  # type: ignore[attr-defined]
+        return bool(scheduled) and scheduled[0]._when <= now
 
     def next_timer(self) -> float | None:
         if self.crashed:
