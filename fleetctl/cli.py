@@ -25,6 +25,7 @@ from fleetctl.client import (
     needs_signing,
     signer_from_session,
 )
+from wsfleet.version import VERSION
 
 EXIT_OK: Final = 0
 EXIT_API_ERROR: Final = 1
@@ -118,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_common(parser, top=True)
+    parser.add_argument(
+        "--version", action="version", version=f"fleetctl (websocket-fleet) {VERSION}"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:

@@ -473,3 +473,12 @@ def test_ctrl_c_ends_watch_with_status_0(router_api: str, tmp_path: Path) -> Non
             process.kill()
             process.wait(timeout=15)
     assert "Traceback" not in output.read_text()
+
+
+def test_version_prints_the_projects_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from wsfleet.version import VERSION
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fleetctl (websocket-fleet) {VERSION}"
