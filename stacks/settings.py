@@ -172,8 +172,8 @@ def _bool(value: Any) -> bool:
     return text == "true"
 
 
-def _worker_settings(value: Any) -> dict[str, str]:
-    """A JSON object of worker variable names to values; numbers and booleans are
+def _variables(value: Any) -> dict[str, str]:
+    """A JSON object of variable names to values; numbers and booleans are
     written as the worker reads them (``10``, ``true``)."""
     if value is None:
         return {}
@@ -228,7 +228,8 @@ _KEYS: Final[dict[str, tuple[str, Any]]] = {
     "powertoolsVersion": ("powertools_version", lambda v: str(v) if v else None),
     "workerHandler": ("handler", str),
     "handlerDir": ("handler", str),
-    "workerSettings": ("worker_settings", _worker_settings),
+    "workerSettings": ("worker_settings", _variables),
+    "handlerEnvironment": ("handler_environment", _variables),
     "reassignOnRelease": ("reassign_on_release", _bool),
     "upstreamConnectBurst": ("upstream_connect_burst", _int),
     "upstreamConnectsPerSecond": ("upstream_connects_per_second", float),

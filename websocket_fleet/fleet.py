@@ -8,6 +8,7 @@ from aws_cdk import Aws, RemovalPolicy, Stack
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_events as events
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
@@ -63,6 +64,7 @@ class WebSocketFleet(Construct):
         allowed_upstream_hosts: Sequence[str],
         handler: WorkerHandler | None = None,
         worker_settings: Mapping[str, str] | None = None,
+        handler_environment: Mapping[str, str] | None = None,
         service_name: str = DEFAULT_SERVICE_NAME,
         allowed_secret_prefix: str = DEFAULT_SECRET_PREFIX,
         max_connections: int = 500,
@@ -96,6 +98,7 @@ class WebSocketFleet(Construct):
             allowed_upstream_hosts=tuple(allowed_upstream_hosts),
             handler=handler,
             worker_settings=dict(worker_settings or {}),
+            handler_environment=dict(handler_environment or {}),
             service_name=service_name,
             allowed_secret_prefix=allowed_secret_prefix,
             max_connections=max_connections,
@@ -245,6 +248,8 @@ class WebSocketFleet(Construct):
         self.cluster: ecs.ICluster = workers.cluster
         self.service: ecs.FargateService = workers.service
         self.task_definition: ecs.FargateTaskDefinition = workers.task_definition
+        self.task_role: iam.IRole = task_role
+        """The workers' role: grant it what the handler writes to."""
         self.router_function: lambda_.IFunction = router.function
         self.dashboard_url: str = (
             f"https://{Aws.REGION}.console.aws.amazon.com/cloudwatch/home"

@@ -16,7 +16,7 @@ from aws_cdk import aws_logs as logs
 from websocket_fleet.errors import FleetOptionsError
 from websocket_fleet.handler import WorkerHandler
 from websocket_fleet.sources import pinned_version
-from websocket_fleet.worker_environment import check_worker_settings
+from websocket_fleet.worker_environment import check_handler_environment, check_worker_settings
 from wsfleet.metric_names import DEFAULT_SERVICE_NAME
 from wsfleet.secret_refs import InvalidSecretRefError, check_prefix
 from wsfleet.timing import DEFAULT_LEASE_SECONDS, InvalidTimingError, LeaseTiming
@@ -90,6 +90,10 @@ class FleetOptions:
     """Any worker environment variable (docs/DESIGN.md §4.9) to a value, validated
     by the worker's own rules at synth. Those the stack sets itself or that have an
     option of their own are refused (:mod:`websocket_fleet.worker_environment`)."""
+    handler_environment: Mapping[str, str] = field(default_factory=dict)
+    """Variables of the handler's own (a table name, a bucket), set on the worker
+    container next to the worker's; a worker setting's name is refused (those go in
+    ``worker_settings``)."""
     service_name: str = DEFAULT_SERVICE_NAME
     allowed_secret_prefix: str = DEFAULT_SECRET_PREFIX
     """Secrets a start may name for its credentials (the router's
@@ -172,6 +176,7 @@ class FleetOptions:
         except InvalidTimingError as error:
             raise FleetOptionsError("lease_seconds", str(error)) from None
         check_worker_settings(self.worker_settings, self.worker_environment_base())
+        check_handler_environment(self.handler_environment)
 
     def worker_environment_base(self) -> dict[str, str]:
         """The worker settings the options set, by variable name (the stack adds the

@@ -5,6 +5,7 @@ runs: :func:`websocket_fleet.sources.worker_config`)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -63,7 +64,24 @@ def worker_environment(options: FleetOptions, table_name: str, queue_url: str) -
         "QUEUE_URL": queue_url,
         **option_settings(options),
         **dict(sorted(options.worker_settings.items())),
+        **dict(sorted(options.handler_environment.items())),
     }
+
+
+def check_handler_environment(variables: Mapping[str, Any]) -> None:
+    """The handler's own variables: names a shell would take, none of the worker's."""
+    settings = worker_config().SETTINGS
+    for name, value in variables.items():
+        if not (isinstance(name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)):
+            raise FleetOptionsError("handler_environment", f"not a variable name: {name!r}")
+        if not isinstance(value, str):
+            raise FleetOptionsError("handler_environment", f"{name}: a text value, got {value!r}")
+        if name in settings:
+            raise FleetOptionsError(
+                "handler_environment",
+                f"{name} is a worker setting: give it in worker_settings, where the worker's "
+                "rules check it",
+            )
 
 
 def check_worker_settings(settings: Mapping[str, Any], base: Mapping[str, str]) -> None:
