@@ -4,7 +4,8 @@ options of its :class:`websocket_fleet.WebSocketFleet`.
 Layers, later ones win: the construct's defaults (production values), the block of
 the selected environment in ``fleet:environments`` (``cdk.json``), then single-key
 overrides ``-c fleet:<key>=<value>`` on the command line (``workerSettings``,
-``handlerDir`` and ``workerHandler`` are also read without the ``fleet:`` prefix). The
+``handlerDir``, ``workerHandler`` and ``handlerEnvironment`` are also read without the
+``fleet:`` prefix). The
 environment is chosen with ``-c fleet:environment=<name>`` (default ``prod``). Values
 are converted here; the construct validates them (the same rules for its users), and
 a bad one fails the synth with a message that names the context key.
@@ -33,7 +34,7 @@ ENVIRONMENT_KEY: Final = "fleet:environment"
 ENVIRONMENTS_KEY: Final = "fleet:environments"
 OVERRIDE_PREFIX: Final = "fleet:"
 DEFAULT_ENVIRONMENT: Final = "prod"
-BARE_KEYS: Final = ("workerSettings", "handlerDir", "workerHandler")
+BARE_KEYS: Final = ("workerSettings", "handlerDir", "workerHandler", "handlerEnvironment")
 """Keys also read as ``-c key=value``, without the ``fleet:`` prefix."""
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,62}$")
 

@@ -28,6 +28,7 @@ def with_handler(tmp_path_factory: pytest.TempPathFactory) -> tuple[Synthesized,
         "workerSettings": SETTINGS,
         "handlerDir": str(directory),
         "workerHandler": "my_sink.sink:factory",
+        "handlerEnvironment": '{"SINK_TABLE": "trades"}',
     }
     return synthesize(context, tmp_path_factory.mktemp("handler.out")), directory
 
@@ -39,6 +40,7 @@ def test_worker_settings_and_the_handler_reach_the_task_definition(
     env = container_environment({"Resources": synth.resources})
     assert (env["HANDLER_ERRORS"], env["BALANCE_ROUND_SECONDS"]) == ("skip", "10")
     assert env["HANDLER"] == "my_sink.sink:factory"
+    assert env["SINK_TABLE"] == "trades"
 
 
 def test_the_handler_directory_is_staged_into_the_image_context(
@@ -87,6 +89,10 @@ def test_the_prefixed_keys_work_too_and_the_two_may_not_disagree() -> None:
             "set by the option reassign_on_release (reassignOnRelease)",
         ),
         ({"workerSettings": "[1]"}, "expected a JSON object"),
+        (
+            {"handlerEnvironment": '{"LOG_LEVEL": "DEBUG"}'},
+            "handlerEnvironment: LOG_LEVEL is a worker setting: give it in worker_settings",
+        ),
         ({"handlerDir": "/nonexistent/handler", "workerHandler": "a.b:c"}, "does not exist"),
         ({"handlerDir": "."}, "handlerDir needs workerHandler"),
         ({"workerHandler": "no-colon"}, "workerHandler/handlerDir: factory must look like"),
