@@ -16,7 +16,11 @@ from aws_cdk import aws_logs as logs
 from websocket_fleet.errors import FleetOptionsError
 from websocket_fleet.handler import WorkerHandler
 from websocket_fleet.sources import pinned_version
-from websocket_fleet.worker_environment import check_handler_environment, check_worker_settings
+from websocket_fleet.worker_environment import (
+    check_handler_environment,
+    check_worker_settings,
+    option_settings,
+)
 from wsfleet.metric_names import DEFAULT_SERVICE_NAME
 from wsfleet.secret_refs import InvalidSecretRefError, check_prefix
 from wsfleet.timing import DEFAULT_LEASE_SECONDS, InvalidTimingError, LeaseTiming
@@ -175,19 +179,13 @@ class FleetOptions:
             self.timing  # noqa: B018 - validates the lease timing the worker will derive
         except InvalidTimingError as error:
             raise FleetOptionsError("lease_seconds", str(error)) from None
-        check_worker_settings(self.worker_settings, self.worker_environment_base())
+        check_worker_settings(self.worker_settings, option_settings(self))
         check_handler_environment(self.handler_environment)
-
-    def worker_environment_base(self) -> dict[str, str]:
-        """The worker settings the options set, by variable name (the stack adds the
-        table, the queue and the metric names: :mod:`websocket_fleet.worker_environment`)."""
-        from websocket_fleet.worker_environment import option_settings
-
-        return option_settings(self)
 
 
 def _checks(s: FleetOptions) -> list[tuple[str, bool, str]]:
     c = s.provisioned_capacity
+    prefix_problem = _prefix_problem(s.allowed_secret_prefix)
     return [
         (
             "service_name",
@@ -200,7 +198,7 @@ def _checks(s: FleetOptions) -> list[tuple[str, bool, str]]:
             all(isinstance(h, str) and _HOST_GLOB.fullmatch(h) for h in s.allowed_upstream_hosts),
             "host-name globs only, no scheme, port or path",
         ),
-        ("allowed_secret_prefix", _prefix_ok(s.allowed_secret_prefix), _prefix_problem(s)),
+        ("allowed_secret_prefix", prefix_problem is None, prefix_problem or ""),
         ("max_connections", s.max_connections >= 1, "must be >= 1"),
         ("min_tasks", 1 <= s.min_tasks <= s.max_tasks, "need 1 <= min_tasks <= max_tasks"),
         (
@@ -297,15 +295,7 @@ def _checks(s: FleetOptions) -> list[tuple[str, bool, str]]:
     ]
 
 
-def _prefix_ok(prefix: str) -> bool:
-    return _prefix_problem_of(prefix) is None
-
-
-def _prefix_problem(s: FleetOptions) -> str:
-    return _prefix_problem_of(s.allowed_secret_prefix) or ""
-
-
-def _prefix_problem_of(prefix: str) -> str | None:
+def _prefix_problem(prefix: str) -> str | None:
     try:
         check_prefix(prefix)
     except InvalidSecretRefError as error:
