@@ -144,7 +144,17 @@ def test_the_user_app_synthesizes_offline_under_cdk_nag(fresh_venv: Path, tmp_pa
         EXAMPLE / "handler" / "requirements.txt"
     ).read_text()
     assert (context / "worker" / "Dockerfile").is_file()
-    # The worker code in the image is the installed copy's: the same as the checkout's.
+    # The worker code in the image is the installed copy's: the checkout's, every file.
+    for folder in ("worker", "wsfleet"):
+        assert source_files(context / folder) == source_files(REPO_ROOT / folder), folder
     assert (context / "worker" / "config.py").read_text() == (
         REPO_ROOT / "worker" / "config.py"
     ).read_text()
+
+
+def source_files(folder: Path) -> set[str]:
+    return {
+        str(p.relative_to(folder))
+        for p in folder.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    }
