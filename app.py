@@ -1,8 +1,11 @@
-"""The CDK app: one WebSocketFleet stack for the environment chosen in context.
+"""The CDK app: one stack over the WebSocketFleet construct, for the environment
+chosen in context.
 
     npx cdk synth                          # the prod environment of cdk.json
     npx cdk deploy -c fleet:environment=dev
     npx cdk deploy -c fleet:minTasks=3     # one setting, any environment
+    npx cdk deploy -c handlerDir=../my-handler -c workerHandler=my_sink:factory
+    npx cdk deploy -c 'workerSettings={"HANDLER_ERRORS": "skip"}'
 
 Every synth runs AWS's Solutions rule pack (cdk-nag); an unacknowledged finding fails
 it. Settings and their defaults: stacks/settings.py and docs/DEPLOY.md.

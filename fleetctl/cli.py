@@ -1,4 +1,5 @@
-"""Command line: ``python -m fleetctl [options] {start,stop,get,list,watch} ...``."""
+"""Command line: ``python -m fleetctl [options] {start,stop,get,list,watch,check-handler}
+...``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Final, Protocol, TextIO
 
-from fleetctl import rates, render
+from fleetctl import check_handler, rates, render
 from fleetctl.client import (
     API_URL_ENV,
     DEFAULT_API_URL,
@@ -25,6 +26,7 @@ from fleetctl.client import (
     needs_signing,
     signer_from_session,
 )
+from wsfleet.version import VERSION
 
 EXIT_OK: Final = 0
 EXIT_API_ERROR: Final = 1
@@ -51,6 +53,7 @@ examples:
   python -m fleetctl --json get demo-1
   python -m fleetctl watch --interval 0.5
   python -m fleetctl --api https://abc123.execute-api.eu-west-1.amazonaws.com stop demo-1
+  python -m fleetctl check-handler examples/s3_archive/handler trade_archive.sink:factory
 """
 
 
@@ -118,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_common(parser, top=True)
+    parser.add_argument(
+        "--version", action="version", version=f"fleetctl (websocket-fleet) {VERSION}"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -155,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--interval", type=_positive_float, default=1.0, help="seconds")
     watch.add_argument("--state", choices=("STARTED", "STOPPED"))
     watch.add_argument("--count", type=int, default=0, help="stop after N refreshes")
+    check_handler.add_parser(commands)
     return parser
 
 
@@ -168,6 +175,8 @@ def main(
     err = stderr or sys.stderr
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "check-handler":
+        return check_handler.run(args, out)
     api_url = args.api or os.environ.get(API_URL_ENV) or DEFAULT_API_URL
     try:
         client = FleetClient(api_url, signer=_signer(args, api_url), timeout=args.timeout)

@@ -202,6 +202,7 @@ _DETAILS: tuple[tuple[str, _Source, bool], ...] = (
     ("auth", "auth", False),
     ("protocol", "protocol", False),
     ("owner", "owner", True),
+    ("version", "owner_version", False),
     ("session", _session_detail, True),
     ("epoch", "epoch", True),
     ("last_seq", "last_seq", True),

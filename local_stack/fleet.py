@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -109,6 +110,7 @@ class Deployment:
         health_dir: Path | None = None,
         worker_defaults: Mapping[str, str | None] | None = None,
         client_config: Config = CLIENT_CONFIG,
+        worker_python: str = sys.executable,
     ) -> None:
         self.endpoints = endpoints
         self.work_dir = work_dir
@@ -117,6 +119,8 @@ class Deployment:
         self.health_dir = health_dir or work_dir
         self.worker_defaults = dict(worker_defaults or {})
         """Worker variables every worker of this deployment gets (before its own)."""
+        self.worker_python = worker_python
+        """The interpreter the workers run on (a handler directory's virtualenv)."""
         self.workers: list[WorkerProcess] = []
         self._stop_timeout = WORKER_STOP_TIMEOUT_S
         self.router: ManagedProcess | None = None
@@ -271,6 +275,7 @@ class Deployment:
             env,
             log_path=self.work_dir / f"{log_name or worker_id}.log",
             health_file=self.health_file(worker_id),
+            python=self.worker_python,
         )
         self.workers.append(worker)
         # A worker's own shutdown (drain + release retries) is bounded by its timing;

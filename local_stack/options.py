@@ -13,6 +13,8 @@ from typing import Final
 
 from local_stack import services
 from local_stack.services import LOOPBACK
+from websocket_fleet.errors import FleetOptionsError
+from websocket_fleet.handler import WorkerHandler
 from worker.config import ConfigError, timing_from_env
 
 DEFAULT_STATE_DIR: Final = services.REPO_ROOT / ".local"
@@ -56,6 +58,17 @@ class Options:
     duration: float | None = None
     base_port: int | None = None
     """None: the fixed ports; 0: four free ports; P: P, P+1, P+2, P+3."""
+    handler: str | None = None
+    """The workers' ``HANDLER``; None: the caller's environment decides."""
+    handler_dir: Path | None = None
+    """A handler directory the workers run ``handler`` from, as the worker image does:
+    on their path, with its requirements installed next to the worker's pins in a
+    virtualenv of its own (:attr:`handler_venv`)."""
+
+    @property
+    def handler_venv(self) -> Path:
+        """Kept between runs, rebuilt when the requirements change."""
+        return self.state_dir / "handler-venv"
 
     @property
     def log_dir(self) -> Path:
@@ -173,7 +186,27 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         help="use ports P, P+1, P+2, P+3 for DynamoDB Local, moto, the feed and the router "
         "API instead of 8000, 5000, 8765, 8080; 0 picks four free ports",
     )
+    parser.add_argument(
+        "--handler",
+        metavar="PKG.MOD:FACTORY",
+        help="HANDLER of the workers (default: $HANDLER, else each message is logged)",
+    )
+    parser.add_argument(
+        "--handler-dir",
+        type=Path,
+        metavar="DIR",
+        help="a handler directory (its packages and an optional requirements.txt) the "
+        "workers run --handler from, as the worker image would: its requirements go into "
+        "a virtualenv of their own with the worker's pins (STATE_DIR/handler-venv)",
+    )
     args = parser.parse_args(argv)
+    if args.handler_dir is not None:
+        if args.handler is None:
+            parser.error("--handler-dir needs --handler, the factory (pkg.module:factory)")
+        try:
+            WorkerHandler.from_directory(args.handler_dir, args.handler)
+        except FleetOptionsError as error:
+            parser.error(f"--handler-dir: {error.reason}")
     return Options(
         workers=args.workers,
         connections=args.connections,
@@ -183,6 +216,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         view=args.view,
         duration=args.duration,
         base_port=args.base_port,
+        handler=args.handler,
+        handler_dir=None if args.handler_dir is None else args.handler_dir.resolve(),
     )
 
 

@@ -12,7 +12,11 @@ Order of things:
    (:mod:`local_stack.api_server`) with ``ws://``, loopback upstreams and secrets under
    ``websocket-fleet/`` allowed.
 3. N ``python -m worker`` processes start, also in their own sessions, configured
-   through the environment exactly as a deployment configures them.
+   through the environment exactly as a deployment configures them. With
+   ``--handler-dir DIR --handler pkg.mod:factory`` they run that handler directory as
+   the worker image would: on the interpreter of a virtualenv with the worker's pins
+   and the directory's requirements (built before anything starts, kept in the state
+   directory), the directory on their path after the repository.
 4. The demo connections ``demo-1..demo-N`` are started through the router's HTTP API
    (``POST /connections``), as a user would.
 5. The live view (or a summary line every few seconds) runs until SIGINT, SIGTERM or
@@ -24,13 +28,15 @@ Order of things:
 Exit status: 0 when startup succeeded and, at shutdown, every worker still running
 exited with status 0 after SIGTERM and no lease is left held; 1 otherwise (startup
 failure, a port in use, a worker that had to be killed, a lease left behind); 2 for a
-bad option; 130 when a second signal aborted the startup. A worker
-that died while the stack ran is reported in the view and at shutdown but does not by
-itself fail the run: killing workers to watch the failover is part of the demo.
+bad option or a handler directory whose requirements do not install; 130 when a second
+signal aborted the startup. A worker that died while the stack ran is reported in the
+view and at shutdown but does not by itself fail the run: killing workers to watch the
+failover is part of the demo.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import sys
@@ -41,8 +47,8 @@ from typing import TYPE_CHECKING, Any, Final
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from fleetctl import check_handler, render
 from fleetctl import client as fleet_api
-from fleetctl import render
 from local_stack import fleet_view, services
 from local_stack.clock import now_ms
 from local_stack.fleet import Deployment, scan_raw
@@ -236,8 +242,10 @@ class LocalStack:
                 worker_settings.SQS_WAIT_SECONDS: str(SQS_WAIT_S),
                 # None: the worker's own default, whatever this shell sets.
                 worker_settings.LEASE_SECONDS: None if lease is None else repr(lease),
+                **handler_settings(self.options),
             },
             client_config=_CLIENT_CONFIG,
+            worker_python=worker_python(self.options),
         )
         self._ddb = deployment.ddb
         self._queue_url = deployment.create_resources().queue_url
@@ -466,9 +474,53 @@ class LocalStack:
         return True
 
 
+def handler_settings(options: Options) -> dict[str, str]:
+    """``HANDLER``, and the handler directory on the workers' path after the
+    repository (the image's order: the worker's packages first)."""
+    settings = {} if options.handler is None else {worker_settings.HANDLER: options.handler}
+    if options.handler_dir is not None:
+        settings["PYTHONPATH"] = os.pathsep.join(
+            [str(services.REPO_ROOT), str(options.handler_dir)]
+        )
+    return settings
+
+
+def worker_python(options: Options) -> str:
+    """The handler directory's virtualenv, or this interpreter."""
+    if options.handler_dir is None:
+        return sys.executable
+    return str(check_handler.venv_python(options.handler_venv))
+
+
+def prepare_handler(options: Options) -> bool:
+    """Build (or reuse) the handler directory's virtualenv: the worker's pins and the
+    handler's requirements, as the image installs them. False when that fails."""
+    if options.handler_dir is None:
+        return True
+    print(
+        f"local stack: handler {options.handler} from {options.handler_dir}; its virtualenv "
+        f"is {options.handler_venv}",
+        file=sys.stderr,
+    )
+    started = time.monotonic()
+    try:
+        built = check_handler.ensure_requirements(options.handler_venv, options.handler_dir)
+    except check_handler.CheckFailedError as error:
+        print(f"local stack: {error}", file=sys.stderr)
+        return False
+    if built:
+        print(
+            f"local stack: handler virtualenv built in {time.monotonic() - started:.0f} s",
+            file=sys.stderr,
+        )
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m local_stack``; returns the exit status (see the module docstring)."""
     options = parse_args(argv)
+    if not prepare_handler(options):
+        return 2
     ports = choose_ports(options.base_port)
     for port, what in ports.described():
         reason = port_unavailable(port)

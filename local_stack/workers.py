@@ -116,16 +116,20 @@ def parse_log_time(raw: str) -> float:
 
 
 def launch_worker(
-    worker_id: str, env: Mapping[str, str], *, log_path: Path, health_file: Path
+    worker_id: str,
+    env: Mapping[str, str],
+    *,
+    log_path: Path,
+    health_file: Path,
+    python: str = sys.executable,
 ) -> WorkerProcess:
     """Start ``python -m worker`` with ``env`` without waiting for it (see
-    :func:`wait_ready`). ``env`` names ``health_file`` as its ``HEALTH_FILE``."""
+    :func:`wait_ready`). ``env`` names ``health_file`` as its ``HEALTH_FILE``;
+    ``python``: another interpreter (a handler directory's virtualenv)."""
     # A stamp left by a previous run would pass for readiness.
     health_file.parent.mkdir(parents=True, exist_ok=True)
     health_file.unlink(missing_ok=True)
-    popen = services.spawn(
-        [sys.executable, "-m", "worker"], log_path, cwd=services.REPO_ROOT, env=env
-    )
+    popen = services.spawn([python, "-m", "worker"], log_path, cwd=services.REPO_ROOT, env=env)
     return WorkerProcess(worker_id, popen, log_path, health_file)
 
 

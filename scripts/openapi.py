@@ -3,8 +3,8 @@
     .venv/bin/python scripts/openapi.py            # (re)write docs/openapi.json
     .venv/bin/python scripts/openapi.py --check    # exit 1 if the file is out of date
 
-The version is the project's (pyproject.toml); routes, parameters, bodies and answers
-come from ``lambdas/router/http_api.py`` through Powertools.
+The version is the project's (``wsfleet.version``, which pyproject.toml reads); routes,
+parameters, bodies and answers come from ``lambdas/router/http_api.py`` through Powertools.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import argparse
 import difflib
 import json
 import sys
-import tomllib
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -24,9 +23,9 @@ if str(REPO_ROOT) not in sys.path:
 
 
 def project_version() -> str:
-    with (REPO_ROOT / "pyproject.toml").open("rb") as file:
-        version: str = tomllib.load(file)["project"]["version"]
-    return version
+    from wsfleet.version import VERSION
+
+    return VERSION
 
 
 def render() -> str:

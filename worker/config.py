@@ -6,7 +6,7 @@ import math
 import os
 import secrets
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -43,6 +43,43 @@ BALANCE_ROUND_SECONDS: Final = "BALANCE_ROUND_SECONDS"
 BALANCE_TOLERANCE: Final = "BALANCE_TOLERANCE"
 BALANCE_MOVE_FRACTION: Final = "BALANCE_MOVE_FRACTION"
 SECRET_CACHE_SECONDS: Final = "SECRET_CACHE_SECONDS"
+
+SETTINGS: Final = frozenset(
+    {
+        TABLE_NAME,
+        QUEUE_URL,
+        WORKER_ID,
+        LEASE_SECONDS,
+        HEARTBEAT_SECONDS,
+        RECONCILE_SECONDS,
+        MAX_SKEW_SECONDS,
+        CHECKPOINT_SECONDS,
+        MAX_CONNECTIONS,
+        REASSIGN_ON_RELEASE,
+        UPSTREAM_PROTOCOL,
+        HANDLER_ERRORS,
+        METRICS_NAMESPACE,
+        SERVICE_NAME,
+        HANDLER,
+        METRICS_INTERVAL_SECONDS,
+        HEALTH_FILE,
+        SQS_WAIT_SECONDS,
+        PING_INTERVAL_SECONDS,
+        PING_TIMEOUT_SECONDS,
+        MAX_MESSAGE_BYTES,
+        UPSTREAM_FAIL_AFTER_SECONDS,
+        UPSTREAM_CONNECT_BURST,
+        UPSTREAM_CONNECTS_PER_SECOND,
+        LOG_LEVEL,
+        BALANCE_ROUND_SECONDS,
+        BALANCE_TOLERANCE,
+        BALANCE_MOVE_FRACTION,
+        SECRET_CACHE_SECONDS,
+    }
+)
+"""Every variable :meth:`WorkerConfig.from_env` reads: what a deployment may set
+(``workerSettings``, checked with :func:`check_names`). boto3's endpoint variables are
+boto3's, not the worker's."""
 
 DEFAULT_HEALTH_FILE: Final = "/tmp/websocket-fleet-worker.alive"
 DEFAULT_PING_TIMEOUT: Final = 5.0
@@ -137,6 +174,17 @@ class WorkerConfig:
             log_level=(env.get(LOG_LEVEL) or "INFO").upper(),
             secret_cache_seconds=300.0 if secret_cache is None else secret_cache,
             balance=balance_from_env(env),
+        )
+
+
+def check_names(names: Iterable[str]) -> None:
+    """Refuse names that are not worker settings: the environment holds much else, so
+    :meth:`WorkerConfig.from_env` would ignore a misspelt one in silence."""
+    unknown = sorted(set(names) - SETTINGS)
+    if unknown:
+        raise ConfigError(
+            f"not a worker setting: {', '.join(unknown)} (the worker reads "
+            f"{', '.join(sorted(SETTINGS))})"
         )
 
 

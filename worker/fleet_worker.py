@@ -42,6 +42,7 @@ from wsfleet.lease_store import TAKEOVER_BATCH, LeaseStore
 from wsfleet.session_rules import SessionItem
 from wsfleet.session_store import SessionStore
 from wsfleet.start_messages import REASSIGN, StartMessage
+from wsfleet.version import VERSION
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
@@ -940,6 +941,7 @@ class Worker:
                 "worker_id": self.config.worker_id,
                 "max_connections": self.config.max_connections,
                 "lease_seconds": self.config.timing.lease,
+                "version": VERSION,
             },
         )
         health = asyncio.create_task(self._stamp_health(), name="health")

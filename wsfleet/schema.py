@@ -72,6 +72,10 @@ SESSION_NOTICES: Final = "notices"
 the router adds when it starts or stops a connection the session owns."""
 SESSION_CAPACITY: Final = "capacity"
 SESSION_CONNECTIONS: Final = "connections"
+SESSION_VERSION: Final = "version"
+"""S: the project version of the worker that opened the session (:mod:`wsfleet.version`),
+written once by the open; shown for a connection's owner. Read leniently: a session
+item is never malformed for it."""
 ALIVE: Final = "ALIVE"
 DEAD: Final = "DEAD"
 

@@ -34,6 +34,7 @@ from wsfleet.item import (
 )
 from wsfleet.lease_rules import ConditionalUpdate
 from wsfleet.timing import LeaseTiming
+from wsfleet.version import VERSION
 
 Takers = tuple[tuple[str, str | None], ...]
 """A reap's plan of who takes what (:func:`takeover_plan`): ``(worker_id, last)``
@@ -60,6 +61,8 @@ class SessionItem:
     takers: Takers | None = None
     """What the reap recorded of who takes which connection (None: a reap by an older
     worker, or a retire: the rules of :func:`takeover_share` apply)."""
+    version: str | None = None
+    """The version of the worker that opened it; None when an older worker did."""
 
     @classmethod
     def from_dynamodb(cls, raw: Mapping[str, Any]) -> SessionItem:
@@ -89,6 +92,7 @@ class SessionItem:
             connections=read.integer(schema.SESSION_CONNECTIONS) or 0,
             capacity=read.integer(schema.SESSION_CAPACITY) or 0,
             takers=_takers(plain.get(schema.SESSION_TAKERS)),
+            version=_text_or_none(plain.get(schema.SESSION_VERSION)),
         )
         if expires_at is None and schema.SESSION_EXPIRES_AT_MS not in read.malformed:
             # Without an expiry nothing says when it lapses: never reaped (its owner's
@@ -119,6 +123,11 @@ def notices_of(plain: Mapping[str, Any]) -> frozenset[str]:
     if not isinstance(notices, set):
         return frozenset()
     return frozenset(n for n in notices if isinstance(n, str))
+
+
+def _text_or_none(raw: Any) -> str | None:
+    """Shown, never decided on: anything but a string reads as absent."""
+    return raw if isinstance(raw, str) else None
 
 
 def _takers(raw: Any) -> Takers | None:
@@ -163,7 +172,8 @@ def _values(**values: Any) -> dict[str, Any]:
 def new_session_item(
     worker_id: str, session_gen: int, now_ms: int, timing: LeaseTiming, capacity: int
 ) -> dict[str, Any]:
-    """The item a worker puts to open a session (conditional on its absence)."""
+    """The item a worker puts to open a session (conditional on its absence), with
+    the worker's version: a session lives within one process, so the renews leave it."""
     return {
         **{k: to_attribute(v) for k, v in schema.session_key(worker_id, session_gen).items()},
         "worker_id": to_attribute(worker_id),
@@ -173,6 +183,7 @@ def new_session_item(
         schema.SESSION_STARTED_AT_MS: to_attribute(now_ms),
         schema.SESSION_CONNECTIONS: to_attribute(0),
         schema.SESSION_CAPACITY: to_attribute(capacity),
+        schema.SESSION_VERSION: to_attribute(VERSION),
     }
 
 

@@ -205,6 +205,11 @@ class ConnectionView(BaseModel):
         description="seconds until the owner's session expires unless renewed; 0 once it"
         " lapsed or is DEAD; null when owner_session_state is null"
     )
+    owner_version: str | None = Field(
+        default=None,
+        description="the websocket-fleet version of the owner's worker, from its session"
+        " item; null when owner_session_state is null or an older worker opened it",
+    )
     epoch: int = Field(description="lease_epoch: the fencing token of the current owner")
     last_seq: int = Field(description="highest contiguous seq handled, as last checkpointed")
     checkpoint_at: str | None = Field(

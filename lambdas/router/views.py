@@ -67,12 +67,17 @@ def _seconds(ms: int) -> float:
 def session_fields(
     item: ConnectionItem, session: SessionItem | None, now_ms: int
 ) -> dict[str, Any]:
-    """``owner_session_state`` and ``session_seconds_left``: null without an owner or
-    when the owner's session item is gone; no time left once it lapsed or is DEAD."""
+    """``owner_session_state``, ``session_seconds_left`` and ``owner_version``: null
+    without an owner or when the owner's session item is gone; no time left once it
+    lapsed or is DEAD; no version when an older worker opened the session."""
     if session is None or session.key != owning_session(item):
-        return {"owner_session_state": None, "session_seconds_left": None}
+        return {"owner_session_state": None, "session_seconds_left": None, "owner_version": None}
     left = session.expires_at_ms - now_ms if session.alive else 0
-    return {"owner_session_state": session.state, "session_seconds_left": _seconds(left)}
+    return {
+        "owner_session_state": session.state,
+        "session_seconds_left": _seconds(left),
+        "owner_version": session.version,
+    }
 
 
 def page_entry(item: ConnectionItem, page: CheckpointPage | None) -> PageEntry | None:

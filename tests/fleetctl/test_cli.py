@@ -473,3 +473,30 @@ def test_ctrl_c_ends_watch_with_status_0(router_api: str, tmp_path: Path) -> Non
             process.kill()
             process.wait(timeout=15)
     assert "Traceback" not in output.read_text()
+
+
+def test_version_prints_the_projects_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from wsfleet.version import VERSION
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fleetctl (websocket-fleet) {VERSION}"
+
+
+def test_the_cli_starts_no_cdk() -> None:
+    """fleetctl (check-handler included) imports the parts of websocket_fleet that need
+    no CDK: jsii's Node process would cost seconds per command."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, fleetctl.cli, fleetctl.check_handler; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('aws_cdk', 'jsii')))",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == "[]"

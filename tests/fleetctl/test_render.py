@@ -504,3 +504,10 @@ def test_fit_clips_width_and_height() -> None:
     assert render.fit(lines, 5, 3) == ["aaaa~", "b", "... 3 more rows"]
     assert render.fit(lines, 80, 10) == lines
     assert render.fit(lines, 0, 0) == lines  # a terminal nobody sized
+
+
+def test_details_name_the_owners_version_when_its_session_says_one() -> None:
+    lines = render.connection_details(view("c-1", owner_version="1.0.0"))
+    assert "version        1.0.0" in lines
+    assert lines.index("version        1.0.0") == lines.index("owner          worker-a") + 1
+    assert not [line for line in render.connection_details(view("c-1")) if "version" in line]

@@ -11,6 +11,7 @@ import pytest
 from stacks.settings import REPO_ROOT
 from tests.stacks.cfn import of_type
 from tests.stacks.conftest import Synthesized
+from wsfleet.version import VERSION
 
 pytestmark = pytest.mark.cdk
 
@@ -53,8 +54,15 @@ def test_worker_image_context_holds_what_the_dockerfile_copies(synth: Synthesize
     (image,) = manifest["dockerImages"].values()
     assert image["source"]["dockerFile"] == "worker/Dockerfile"
     assert image["source"]["platform"] == "linux/amd64"
+    assert image["source"]["dockerBuildArgs"] == {"WEBSOCKET_FLEET_VERSION": VERSION}
     context = synth.outdir / image["source"]["directory"]
-    assert {p.name for p in context.iterdir()} <= {"worker", "wsfleet", ".dockerignore"}
+    assert {p.name for p in context.iterdir()} == {"worker", "wsfleet", "handler"}
+    files = _files(context)
+    assert files == _python_sources("worker") | _python_sources("wsfleet") | {
+        "handler/requirements.txt"
+    }
+    # No handler directory: an empty requirements file, so the Dockerfile's steps hold.
+    assert (context / "handler" / "requirements.txt").read_text() == ""
     dockerfile = (context / "worker" / "Dockerfile").read_text()
     sources = [
         source

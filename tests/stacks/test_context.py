@@ -70,9 +70,10 @@ def _targets(synth: Synthesized, namespace: str) -> list[dict[str, Any]]:
 
 def test_dev_environment_and_overrides_are_applied(overridden: Synthesized) -> None:
     s = overridden.settings
-    assert (s.environment, s.dev, s.min_tasks, s.max_tasks) == ("dev", True, 3, 7)
+    o = s.options
+    assert (s.environment, o.dev, o.min_tasks, o.max_tasks) == ("dev", True, 3, 7)
     assert s.stack_name == "WebSocketFleet-dev"
-    assert s.service_name == "websocket-fleet-dev"
+    assert o.service_name == "websocket-fleet-dev"
 
 
 def test_task_bounds_and_scaling_dimension_follow_context(overridden: Synthesized) -> None:
@@ -184,7 +185,7 @@ def test_connect_pacing_follows_context(overridden: Synthesized) -> None:
 
 
 def test_the_secret_prefix_reaches_the_router_and_the_task_role(overridden: Synthesized) -> None:
-    assert overridden.settings.allowed_secret_prefix == "ingest/feeds/"
+    assert overridden.settings.options.allowed_secret_prefix == "ingest/feeds/"
     (function,) = [
         f["Properties"]
         for f in of_type(overridden.resources, "AWS::Lambda::Function").values()
@@ -286,4 +287,4 @@ def test_defaults_without_cdk_json_match_the_prod_block() -> None:
     assert (
         build_settings("prod", {"allowedUpstreamHosts": prod["allowedUpstreamHosts"]}) == from_json
     )
-    assert from_json.powertools_version == pinned_powertools_version()
+    assert from_json.options.powertools_version == pinned_powertools_version()

@@ -6,9 +6,9 @@ import pytest
 from aws_cdk.assertions import Match
 
 from local_stack import resources
-from stacks.start_queue import VISIBILITY_TIMEOUT
 from tests.stacks.cfn import arn, of_type, only
 from tests.stacks.conftest import Synthesized
+from websocket_fleet.start_queue import VISIBILITY_TIMEOUT
 from wsfleet import schema, table_layout
 
 pytestmark = pytest.mark.cdk
@@ -82,7 +82,7 @@ def test_table_has_ttl_pitr_encryption_and_on_demand_billing(synth: Synthesized)
 
 
 def test_production_keeps_data_on_stack_deletion(synth: Synthesized) -> None:
-    assert not synth.settings.dev
+    assert not synth.settings.options.dev
     synth.template.has_resource(
         "AWS::DynamoDB::Table",
         {
@@ -107,7 +107,7 @@ def _start_queue(synth: Synthesized) -> tuple[str, dict]:
 def test_start_queue_redrives_to_its_dlq_after_max_receive_count(synth: Synthesized) -> None:
     _, queue = _start_queue(synth)
     redrive = queue["RedrivePolicy"]
-    assert redrive["maxReceiveCount"] == synth.settings.dlq_max_receive_count == 5
+    assert redrive["maxReceiveCount"] == synth.settings.options.dlq_max_receive_count == 5
     dlq_id = redrive["deadLetterTargetArn"]["Fn::GetAtt"][0]
     assert synth.resources[dlq_id]["Type"] == "AWS::SQS::Queue"
     assert "RedrivePolicy" not in synth.resources[dlq_id]["Properties"]

@@ -84,7 +84,7 @@ def test_lease_alarms_read_the_worker_metrics(
     assert alarm["Namespace"] == m.DEFAULT_NAMESPACE
     assert alarm["MetricName"] == metric
     assert alarm["Dimensions"] == [
-        {"Name": m.SERVICE_DIMENSION, "Value": synth.settings.service_name}
+        {"Name": m.SERVICE_DIMENSION, "Value": synth.settings.options.service_name}
     ]
     assert alarm["Statistic"] == "Sum"
     assert (alarm["Period"], alarm["Threshold"]) == (period, threshold)
@@ -103,7 +103,7 @@ def test_oldest_start_message_alarm_uses_the_start_queue_and_the_context_thresho
         {"Name": "QueueName", "Value": {"Fn::GetAtt": [queue_id, "QueueName"]}}
     ]
     assert (alarm["Statistic"], alarm["Period"]) == ("Maximum", 60)
-    assert alarm["Threshold"] == synth.settings.start_age_alarm_seconds == 600
+    assert alarm["Threshold"] == synth.settings.options.start_age_alarm_seconds == 600
     assert (alarm["DatapointsToAlarm"], alarm["EvaluationPeriods"]) == (2, 2)
     assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
 
@@ -193,7 +193,7 @@ def test_throttling_alarm_covers_the_table_and_every_index(synth: Synthesized) -
 
 
 def test_every_alarm_notifies_the_stacks_topic_on_alarm_and_on_ok(synth: Synthesized) -> None:
-    assert synth.settings.alarm_topic_arn is None
+    assert synth.settings.options.alarm_topic_arn is None
     topic_id, _ = only(synth.resources, "AWS::SNS::Topic")
     alarms = _alarms(synth)
     assert len(alarms) == 11
@@ -247,7 +247,7 @@ def test_alarm_topic_requires_tls_and_lets_this_accounts_alarms_publish(
 
 
 def test_no_email_subscription_unless_context_sets_one(synth: Synthesized) -> None:
-    assert synth.settings.alarm_email is None
+    assert synth.settings.options.alarm_email is None
     assert of_type(synth.resources, "AWS::SNS::Subscription") == {}
 
 

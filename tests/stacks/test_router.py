@@ -33,10 +33,12 @@ def test_function_runtime_handler_and_environment(synth: Synthesized) -> None:
     assert function["Runtime"] == "python3.12"
     assert function["Architectures"] == ["x86_64"]
     env = function["Environment"]["Variables"]
-    assert env[router_env.ALLOWED_UPSTREAM_HOSTS] == ",".join(synth.settings.allowed_upstream_hosts)
+    assert env[router_env.ALLOWED_UPSTREAM_HOSTS] == ",".join(
+        synth.settings.options.allowed_upstream_hosts
+    )
     assert env[router_env.ALLOW_INSECURE_WS] == "false"
     assert env[router_env.ALLOWED_SECRET_PREFIX] == "websocket-fleet/"
-    assert env[router_env.ALLOWED_SECRET_PREFIX] == synth.settings.allowed_secret_prefix
+    assert env[router_env.ALLOWED_SECRET_PREFIX] == synth.settings.options.allowed_secret_prefix
     table_id, _ = only(synth.resources, "AWS::DynamoDB::Table")
     assert env[router_env.TABLE_NAME] == {"Ref": table_id}
     assert env[router_env.QUEUE_URL]["Ref"] in synth.resources
@@ -45,7 +47,7 @@ def test_function_runtime_handler_and_environment(synth: Synthesized) -> None:
 
 def test_reserved_concurrency_caps_the_router_at_the_default(synth: Synthesized) -> None:
     _, function = _router(synth)
-    assert synth.settings.router_reserved_concurrency == 10
+    assert synth.settings.options.router_reserved_concurrency == 10
     assert function["ReservedConcurrentExecutions"] == 10
 
 
@@ -96,7 +98,7 @@ def test_stage_writes_access_logs_and_throttles(synth: Synthesized) -> None:
 def test_event_rule_sends_start_and_stop_events_to_the_router(synth: Synthesized) -> None:
     _, rule = only(synth.resources, "AWS::Events::Rule")
     assert rule["EventPattern"] == {
-        "source": [synth.settings.event_source],
+        "source": [synth.settings.options.event_source],
         "detail-type": ["Start Connection", "Stop Connection"],
     }
     (target,) = rule["Targets"]
@@ -109,7 +111,7 @@ def test_event_rule_sends_start_and_stop_events_to_the_router(synth: Synthesized
 
 def test_events_arrive_on_the_fleets_own_bus_not_the_default_one(synth: Synthesized) -> None:
     bus_id, bus = only(synth.resources, "AWS::Events::EventBus")
-    assert bus["Name"] == synth.settings.event_bus_name == "WebSocketFleet-prod-events"
+    assert bus["Name"] == synth.settings.options.event_bus_name == "WebSocketFleet-prod-events"
     _, rule = only(synth.resources, "AWS::Events::Rule")
     assert rule["EventBusName"] == {"Ref": bus_id}
     outputs = synth.template.to_json()["Outputs"]
@@ -119,7 +121,7 @@ def test_events_arrive_on_the_fleets_own_bus_not_the_default_one(synth: Synthesi
 
 def test_only_the_account_may_put_events_on_the_bus_by_default(synth: Synthesized) -> None:
     bus_id, _ = only(synth.resources, "AWS::Events::EventBus")
-    assert synth.settings.event_putter_arns == ()
+    assert synth.settings.options.event_putter_arns == ()
     assert bus_put_events_statements(synth.resources) == [
         {
             "Sid": "cdk-AccountPutsEvents",
@@ -129,3 +131,12 @@ def test_only_the_account_may_put_events_on_the_bus_by_default(synth: Synthesize
             "Resource": arn(bus_id),
         }
     ]
+
+
+def test_the_construct_names_the_routers_settings_as_the_router_reads_them() -> None:
+    from dataclasses import asdict
+
+    from websocket_fleet.router_function import ROUTER_ENVIRONMENT
+
+    names = asdict(ROUTER_ENVIRONMENT)
+    assert names == {name: getattr(router_env, name) for name in names}

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from stacks.worker_service import HEALTH_CHECK_COMMAND
 from tests.stacks.cfn import of_type, only
 from tests.stacks.conftest import Synthesized
+from websocket_fleet.worker_service import HEALTH_CHECK_COMMAND
 from worker import config as worker_env
 from worker.metrics import FleetMetrics
 from wsfleet import metric_names
@@ -84,12 +84,12 @@ def test_worker_environment_uses_the_worker_names_and_never_sets_worker_id(
     assert env[worker_env.UPSTREAM_CONNECT_BURST] == "200"
     assert env[worker_env.UPSTREAM_CONNECTS_PER_SECOND] == "100"
     assert env[worker_env.METRICS_NAMESPACE] == metric_names.DEFAULT_NAMESPACE
-    assert env[worker_env.SERVICE_NAME] == synth.settings.service_name
+    assert env[worker_env.SERVICE_NAME] == synth.settings.options.service_name
     assert str(env[worker_env.HEALTH_FILE]).startswith("/tmp/")
     # The config the worker would build from this environment is valid.
     config = _worker_config(synth)
     assert config.max_connections == 500
-    assert config.timing == synth.settings.timing
+    assert config.timing == synth.settings.options.timing
     assert (config.upstream_connect_burst, config.upstream_connects_per_second) == (200, 100)
 
 
@@ -146,7 +146,7 @@ def test_scaling_tracks_exactly_the_metric_the_worker_publishes(synth: Synthesiz
         "Dimensions": [{"Name": metric_names.SERVICE_DIMENSION, "Value": "websocket-fleet"}],
         "Statistic": "Average",
     }
-    assert tracking["TargetValue"] == synth.settings.target_connections_per_task
+    assert tracking["TargetValue"] == synth.settings.options.target_connections_per_task
     assert tracking["ScaleInCooldown"] >= 300
 
     # Publish one period as the worker in this task definition would, and check that

@@ -151,3 +151,51 @@ def test_a_timing_error_names_the_timing_rule():
     with pytest.raises(ConfigError) as raised:
         timing_from_env({"CHECKPOINT_SECONDS": "301"})
     assert str(raised.value) == "invalid lease timing: checkpoint must be <= 300.0 s, got 301.0"
+
+
+def test_settings_names_every_variable_the_config_reads():
+    """A setting added to worker/config.py without SETTINGS would be refused by the
+    deployment's ``workerSettings`` (and by ``check_names``)."""
+    import re
+
+    from worker import config
+
+    names = {name for name, value in vars(config).items() if value == name}
+    assert names == config.SETTINGS
+    assert len(config.SETTINGS) == 29
+    source = Path(config.__file__).read_text()
+    read = re.findall(r"\(env, ([A-Z_]+)|env\.get\(([A-Z_]+)", source)
+    assert read
+    assert {a or b for a, b in read} <= config.SETTINGS
+
+
+def test_check_names_refuses_what_the_worker_does_not_read():
+    from worker.config import SETTINGS, check_names
+
+    check_names(["HANDLER_ERRORS", "BALANCE_ROUND_SECONDS"])
+    with pytest.raises(
+        ConfigError, match=r"not a worker setting: HANDLER_ERORS \(the worker reads"
+    ):
+        check_names(["HANDLER_ERORS", "LOG_LEVEL"])
+    with pytest.raises(ConfigError, match="AWS_ENDPOINT_URL_DYNAMODB"):
+        check_names(["AWS_ENDPOINT_URL_DYNAMODB"])
+    assert "HANDLER_ERRORS" in SETTINGS
+
+
+def test_config_imports_only_the_standard_library_and_wsfleet():
+    """websocket_fleet loads worker/config.py by its path (an installed copy has no
+    ``worker`` package to import): it must not import the rest of the worker."""
+    import ast
+    import sys
+
+    from worker import config
+
+    tree = ast.parse(Path(config.__file__).read_text())
+    modules = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    } | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    outside = {m for m in modules if m.split(".")[0] not in sys.stdlib_module_names | {"wsfleet"}}
+    assert outside == set()

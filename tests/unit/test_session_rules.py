@@ -46,6 +46,7 @@ from wsfleet.session_rules import (
     takeover_share,
 )
 from wsfleet.timing import LeaseTiming
+from wsfleet.version import VERSION
 
 TIMING = LeaseTiming.from_lease()  # lease 2500 ms, skew 250 ms, margin 250 ms
 ME = "worker-a"  # crc32 % 4 == 0: partition SESSIONS#0
@@ -97,6 +98,7 @@ def test_new_session_item_exactly():
         "started_at_ms": N(NOW),
         "connections": N(0),
         "capacity": N(500),
+        "version": S(VERSION),
     }
 
 
@@ -113,6 +115,7 @@ def test_a_new_session_reads_back_as_alive_and_empty():
         notices=frozenset(),
         connections=0,
         capacity=12,
+        version=VERSION,
     )
     assert opened.alive
     assert opened.key == (ME, GEN)

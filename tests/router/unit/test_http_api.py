@@ -51,6 +51,7 @@ VIEW_KEYS = {
     "owner_session_gen",
     "owner_session_state",
     "session_seconds_left",
+    "owner_version",
     "epoch",
     "last_seq",
     "checkpoint_at",

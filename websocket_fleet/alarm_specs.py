@@ -10,7 +10,7 @@ from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_sqs as sqs
 
-from stacks.fleet_metrics import ONE_MINUTE, MonitoredFleet
+from websocket_fleet.fleet_metrics import ONE_MINUTE, MonitoredFleet
 from wsfleet import metric_names as m
 
 FIVE_MINUTES: Final = Duration.minutes(5)

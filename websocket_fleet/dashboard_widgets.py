@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from aws_cdk import aws_cloudwatch as cw
 
-from stacks.fleet_metrics import ONE_MINUTE, MonitoredFleet, per_task_search
+from websocket_fleet.fleet_metrics import ONE_MINUTE, MonitoredFleet, per_task_search
 from wsfleet import metric_names as m
 
 Row = list[cw.IWidget]

@@ -7,12 +7,12 @@ from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from stacks.alarm_specs import AlarmSpec, fleet_alarms
-from stacks.fleet_metrics import MonitoredFleet
+from websocket_fleet.alarm_specs import AlarmSpec, fleet_alarms
+from websocket_fleet.fleet_metrics import MonitoredFleet
 
 
 class FleetAlarms(Construct):
-    """The alarms of ``stacks.alarm_specs``. Each names the service in its description
+    """The alarms of ``websocket_fleet.alarm_specs``. Each names the service in its description
     and notifies ``topic`` on entering ALARM and on returning to OK: every alarm is
     made by ``_alarm``, which wires both actions."""
 

@@ -8,7 +8,7 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from stacks.settings import ProvisionedCapacity
+from websocket_fleet.options import ProvisionedCapacity
 from wsfleet import schema, table_layout
 
 _KEY_TYPES = {

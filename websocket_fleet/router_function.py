@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Final
 
 from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Validations
@@ -13,12 +14,28 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
-from stacks.assets import ROUTER_HANDLER, router_code
+from websocket_fleet.assets import ROUTER_HANDLER, router_code
 
 RUNTIME: Final = lambda_.Runtime.PYTHON_3_12
 POWERTOOLS_PARAMETER: Final = "/aws/service/powertools/python/x86_64/python3.12/{version}"
 ASYNC_RETRY_ATTEMPTS: Final = 2
 ASYNC_MAX_EVENT_AGE: Final = Duration.hours(1)
+
+
+@dataclass(frozen=True, slots=True)
+class RouterEnvironment:
+    """The names of the router's settings (``lambdas/router/settings.py``, which
+    tests/stacks/test_router.py holds these to: the router's package is not importable
+    from an installed copy of this one)."""
+
+    TABLE_NAME: str = "TABLE_NAME"
+    QUEUE_URL: str = "QUEUE_URL"
+    ALLOWED_UPSTREAM_HOSTS: str = "ALLOWED_UPSTREAM_HOSTS"
+    ALLOW_INSECURE_WS: str = "ALLOW_INSECURE_WS"
+    ALLOWED_SECRET_PREFIX: str = "ALLOWED_SECRET_PREFIX"
+
+
+ROUTER_ENVIRONMENT: Final = RouterEnvironment()
 
 
 class RouterFunction(Construct):

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from aws_cdk import aws_cloudwatch as cw
 from constructs import Construct
 
-from stacks.dashboard_widgets import fleet_rows, service_rows
-from stacks.fleet_metrics import MonitoredFleet
+from websocket_fleet.dashboard_widgets import fleet_rows, service_rows
+from websocket_fleet.fleet_metrics import MonitoredFleet
 
 
 class FleetDashboard(Construct):

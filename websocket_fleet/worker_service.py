@@ -1,4 +1,4 @@
-"""The worker fleet: an ECS cluster and a Fargate service built from worker/Dockerfile."""
+"""The worker fleet: an ECS cluster and a Fargate service running the worker image."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_logs as logs
 from constructs import Construct
-
-from stacks.assets import worker_image
 
 STOP_TIMEOUT: Final = Duration.seconds(120)
 """Fargate's maximum: time between SIGTERM and SIGKILL for the worker to stop reading,
@@ -49,6 +47,7 @@ class WorkerService(Construct):
         vpc: ec2.IVpc,
         subnets: ec2.SubnetSelection,
         assign_public_ip: bool,
+        image: ecs.ContainerImage,
         environment: Mapping[str, str],
         cpu: int,
         memory_mib: int,
@@ -74,7 +73,7 @@ class WorkerService(Construct):
         )
         self.container = self.task_definition.add_container(
             "worker",
-            image=worker_image(),
+            image=image,
             environment=dict(environment),
             stop_timeout=STOP_TIMEOUT,
             health_check=ecs.HealthCheck(

@@ -8,7 +8,7 @@ from aws_cdk import Duration
 from aws_cdk import aws_ecs as ecs
 from constructs import Construct
 
-from stacks.fleet_metrics import active_connections_average
+from websocket_fleet.fleet_metrics import active_connections_average
 
 SCALE_OUT_COOLDOWN: Final = Duration.minutes(1)
 SCALE_IN_COOLDOWN: Final = Duration.minutes(10)

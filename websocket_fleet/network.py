@@ -7,7 +7,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from stacks.settings import ImportedVpc
+from websocket_fleet.options import ImportedVpc
 
 
 class FleetNetwork(Construct):
