@@ -816,7 +816,8 @@ class Worker:
         this worker's fair share, or a drain, taken up to capacity like
         a dead session's (everything of a worker that shuts down must find a home).
         A move beyond the share is declined and hinted on the start queue. Every offer
-        is acted on."""
+        is acted on but one whose acquire raised (its outcome unknown: the next renew
+        returns the offer again, and the own-check looks at what may have landed)."""
         if not tokens:
             return set()
         drains = {t for t in tokens if session_rules.notice_kind(t) == session_rules.DRAIN}
@@ -825,7 +826,21 @@ class Worker:
         room = self.balancer.room() if moves else 0
         accepted = drained + moves[:room]
         declined = moves[room:]
-        results = await asyncio.gather(*(self.acquire(cid) for cid in accepted))
+        outcomes = await asyncio.gather(
+            *(self.acquire(cid) for cid in accepted), return_exceptions=True
+        )
+        results = [r for r in outcomes if isinstance(r, AcquireResult)]
+        failed = {
+            cid for cid, r in zip(accepted, outcomes, strict=True) if isinstance(r, Exception)
+        }
+        for cid, outcome in zip(accepted, outcomes, strict=True):
+            if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+                raise outcome  # a cancellation: the worker is stopping
+            if cid in failed:
+                log.warning(
+                    "could not take an offered connection; the offer stays",
+                    extra={"connection_id": cid, "error": repr(outcome)},
+                )
         # A move this worker does not take (its view of the loads says it is at its
         # share; the giver's said otherwise) would wait in the unowned index, where
         # every worker at or above its share leaves it too: a hint hands it to whoever
@@ -840,9 +855,10 @@ class Worker:
                 "room": room,
                 "won": sum(1 for r in results if r is AcquireResult.WON),
                 "declined": len(declined),
+                "failed": len(failed),
             },
         )
-        return tokens
+        return {t for t in tokens if session_rules.notice_connection_id(t) not in failed}
 
     async def recheck_changed(self, seen: list[ConnectionItem]) -> None:
         """Entries of this session's ``by-owner`` listing whose desired state or

@@ -1,0 +1,57 @@
+"""A receiver whose acquire of an offered connection raises (throttled, timed out):
+the offer stays for the next renew to return, the other offers are acted on, and
+nothing escapes the notices task (found by the simulator, seed 127: the error went
+unretrieved and unlogged)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from botocore.exceptions import ClientError
+
+from worker.acquire_result import AcquireResult
+from worker.config import WorkerConfig
+from worker.fleet_worker import Worker, WorkerDeps
+from wsfleet import session_rules
+from wsfleet.timing import LeaseTiming
+
+pytestmark = pytest.mark.timeout(10)
+
+TIMING = LeaseTiming.from_lease(2.5)
+
+
+def receiver() -> Worker:
+    store = cast(Any, SimpleNamespace(timing=TIMING))
+    deps = WorkerDeps(
+        store=store,
+        sessions=store,
+        renewals=store,
+        sqs=cast(Any, None),
+        handler=cast(Any, None),
+        protocol=cast(Any, None),
+    )
+    config = WorkerConfig(table_name="t", queue_url="q", worker_id="w", timing=TIMING)
+    return Worker(config, deps)
+
+
+async def test_an_offer_whose_acquire_raises_stays_and_the_others_are_acted_on() -> None:
+    w = receiver()
+    throttled = ClientError(
+        {"Error": {"Code": "ProvisionedThroughputExceededException", "Message": "slow down"}},
+        "UpdateItem",
+    )
+
+    async def acquire(connection_id: str) -> AcquireResult:
+        if connection_id == "c2":
+            raise throttled
+        return AcquireResult.WON
+
+    w.acquire = acquire  # type: ignore[method-assign]
+    tokens = {
+        session_rules.notice_token(cid, session_rules.DRAIN, 1_000, "ab12")
+        for cid in ("c1", "c2", "c3")
+    }
+    acted = await w._take_offers(tokens)
+    assert {session_rules.notice_connection_id(t) for t in acted} == {"c1", "c3"}
