@@ -175,6 +175,7 @@ class WorkerProcess:
     def crash(self) -> None:
         self.loop.crash()
         self.fleet.network.crash(self.loop)
+        self.fleet.monitor.crashed(self.name)
         self.fleet.capacity_changed()
 
 

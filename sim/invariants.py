@@ -136,6 +136,12 @@ class Monitor:
         fault's, not the fleet's."""
         self._excuses.append((start, end, connection_id))
 
+    def crashed(self, worker: str) -> None:
+        """A dead process handles nothing: its calls in flight end with it."""
+        for connection in self._connections.values():
+            connection.calls.pop(worker, None)
+        self.event(f"{worker} crashed")
+
     def paused(self, worker: str, start: float, end: float) -> None:
         self._pauses.setdefault(worker, []).append((start, end))
 

@@ -238,7 +238,9 @@ class World:
     def unhandled(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         name = getattr(loop, "name", "?")
         error = context.get("exception")
-        self.errors.append(f"{name}: {context.get('message')}: {error!r}")
+        future = context.get("future")
+        of = f" ({future.get_name()})" if isinstance(future, asyncio.Task) else ""
+        self.errors.append(f"{name}: {context.get('message')}{of}: {error!r}")
 
     def run_until(self, end: float) -> None:
         """Run every process until the clock reaches ``end``.
