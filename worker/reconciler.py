@@ -100,10 +100,14 @@ class Owner(Protocol):
 
     async def recheck_changed(self, seen: list[ConnectionItem]) -> None: ...
 
+    async def send_reassign(self, connection_id: str) -> None: ...
+
 
 @dataclass
 class _DeadSession:
     last_entries_seen_ms: int
+    hinted: bool = False
+    """Its pending hand-offs have been hinted on the start queue."""
 
 
 class Reconciler:
@@ -285,6 +289,16 @@ class Reconciler:
             if await self._call(self._sessions.get_session, session.worker_id, gen) is None:
                 entries += await self._call(self._store.owned_by, session.worker_id, gen)
         seen = self._dead.setdefault(session.key, _DeadSession(now_ms))
+        if not seen.hinted:
+            # Connections another worker handed to this session just before it died
+            # were released (free, in the unowned index) and wait for a renew that
+            # never comes: a hint hands them to whoever has a free slot now, instead
+            # of a sweep seconds later. Each sweeper hints once; a second hint for a
+            # connection already taken is settled as held.
+            seen.hinted = True
+            await asyncio.gather(
+                *(self._owner.send_reassign(cid) for cid in session_rules.handed_to(session))
+            )
         if not entries:
             if session_rules.may_forget(seen.last_entries_seen_ms, now_ms, timing):
                 if await self._call(self._sessions.forget, session):

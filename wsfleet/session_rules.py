@@ -365,6 +365,15 @@ def notice_kind(token: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
+def handed_to(session: SessionItem) -> list[str]:
+    """The connections other workers released for this session (its offers and
+    drains): free in the table, each waiting for this session's next renew. For a
+    DEAD session that renew never comes."""
+    return sorted(
+        {notice_connection_id(t) for t in session.notices if notice_kind(t) in HANDOFFS}
+    )
+
+
 def offer_update(tokens: Iterable[str]) -> ConditionalUpdate:
     """A worker hands connections it has just released to a live session, in one
     write (``tokens``: :func:`notice_token` with :data:`OFFER` or :data:`DRAIN`);

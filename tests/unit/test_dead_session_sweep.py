@@ -103,6 +103,10 @@ class Owner:
         self.session_gen = 1
         self._capacity = capacity
         self.taken: list[str] = []
+        self.hinted: list[str] = []
+
+    async def send_reassign(self, connection_id: str) -> None:
+        self.hinted.append(connection_id)
 
     async def take_over_many(
         self, seen: list[ConnectionItem], session: SessionItem, page: Any
@@ -286,3 +290,24 @@ def test_a_pass_comes_as_soon_as_a_listed_session_may_be_reaped():
     # The dead session is no longer ALIVE: the interval again.
     asyncio.run(reconciler.sweep_sessions())
     assert reconciler.next_pass_in(0.6) == 0.6
+
+
+def test_connections_handed_to_a_session_that_died_before_taking_them_are_hinted_once():
+    """A balance move (offer) and a drain reach a receiver that crashes before its next
+    renew returns them: released, they wait in the unowned index. The sweep of the dead
+    receiver hints each on the start queue once (found by the simulator, seed 125: 12 s
+    dark until a sweep by a worker below its share took them)."""
+    table, workers = fleet(0, {"a": 10})
+    key = DEAD
+    tokens = [
+        session_rules.notice_token("m1", session_rules.OFFER, T0 - 2_000, "aa"),
+        session_rules.notice_token("m2", session_rules.DRAIN, T0 - 2_000, "bb"),
+        session_rules.notice_token("s1", "stop", T0 - 2_000, "cc"),
+    ]
+    table.sessions[key]["notices"] = {"SS": tokens}
+    reconciler, owner = workers["a"]
+    asyncio.run(reconciler.sweep_sessions())
+    assert table.session(DEAD).state == schema.DEAD
+    table.now_ms = T0 + 700
+    asyncio.run(reconciler.sweep_sessions())
+    assert owner.hinted == ["m1", "m2"]
