@@ -1,0 +1,172 @@
+"""Safety and liveness rules broken on purpose, one at a time, for the simulator to find
+(``python -m sim.recall``). Each break is a set of exact text replacements in the
+shipped code; one that no longer applies (the code moved on) fails loudly rather than
+testing nothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Break:
+    name: str
+    why: str
+    edits: tuple[tuple[str, str, str], ...]
+    """(file, text, replacement); each text must occur exactly once (``count`` for
+    more)."""
+
+
+_RENEW_OWN_ONLY = (
+    "            if runner.lease.session_gen == gen:\n                runner.session_renewed"
+)
+
+BREAKS: tuple[Break, ...] = (
+    Break(
+        "F1",
+        "a lease won under a session that is no longer live is run, and any renew"
+        " extends every runner",
+        (
+            (
+                "worker/fleet_worker.py",
+                "        if result.session_gen != self.session_gen:\n",
+                "        if False:\n",
+            ),
+            (
+                "worker/fleet_worker.py",
+                _RENEW_OWN_ONLY,
+                "            if True:\n                runner.session_renewed",
+            ),
+        ),
+    ),
+    Break(
+        "F2",
+        "a batched takeover keeps the old stream's resume point after a restart on a new stream",
+        (
+            (
+                "wsfleet/lease_rules.py",
+                "last_seq=resume_seq if same_stream else current.last_seq,",
+                "last_seq=resume_seq,",
+            ),
+        ),
+    ),
+    Break(
+        "F4",
+        "a renew attempt is abandoned after a third of a heartbeat, and a session that"
+        " cannot be proven is never given up",
+        (
+            (
+                "worker/aws_clients.py",
+                "    per_attempt = timing.renew_attempt_timeout\n",
+                "    per_attempt = max(0.2, timing.heartbeat / 3)\n",
+            ),
+            ("worker/renew_plan.py", "        if now >= self.give_up_at:\n", "        if False:\n"),
+        ),
+    ),
+    Break(
+        "fence check dropped",
+        "a handler call starts whatever the fence deadline says",
+        (
+            (
+                "worker/connection.py",
+                "if clock() < state.go_until:",
+                "if True:",
+            ),
+            (
+                "worker/connection.py",
+                "                call_now = state.before_call(loop.time())\n",
+                "                call_now = Call.GO\n",
+            ),
+        ),
+    ),
+    Break(
+        "renew extends another session's runners",
+        "a renew of a later session resumes runners of a reaped one",
+        (
+            (
+                "worker/fleet_worker.py",
+                _RENEW_OWN_ONLY,
+                "            if True:\n                runner.session_renewed",
+            ),
+        ),
+    ),
+    Break(
+        "epoch clause dropped from a takeover",
+        "a takeover is not conditioned on the epoch it read",
+        (("wsfleet/lease_rules.py", '            ("#epoch", seen.lease_epoch),\n', ""),),
+    ),
+    Break(
+        "reap without the skew term",
+        "a session may be reaped as soon as its expiry passes by the reaper's clock",
+        (
+            (
+                "wsfleet/session_rules.py",
+                "    return now_ms - timing.skew_ms\n",
+                "    return now_ms\n",
+            ),
+        ),
+    ),
+    Break(
+        "fence from the renew's answer",
+        "the fence deadline counts from when a renew's answer arrived, not from its send",
+        (
+            (
+                "worker/session.py",
+                "                    self.session_gen,\n                    answer.sent_at,\n",
+                "                    self.session_gen,\n                    now,\n",
+            ),
+        ),
+    ),
+    Break(
+        "checkpoint before the handler returns",
+        "the checkpoint passes a message before its handler call has returned",
+        (
+            (
+                "worker/connection.py",
+                "                failure = await self._call(task, handle, delivery)\n",
+                "                state.call_returned(seq)\n"
+                "                failure = await self._call(task, handle, delivery)\n",
+            ),
+        ),
+    ),
+    Break(
+        "release without its seq_gen clause",
+        "a final checkpoint is written over a restart's reset",
+        (
+            (
+                "wsfleet/lease_rules.py",
+                '        names |= _names("#seq", "#seqgen")\n'
+                "        values |= _values(seq=last_seq) | stream_values\n",
+                '        names |= _names("#seq")\n        values |= _values(seq=last_seq)\n',
+            ),
+            (
+                "wsfleet/lease_rules.py",
+                '        condition += f" AND {stream_clause}"\n',
+                "",
+            ),
+        ),
+    ),
+    Break(
+        "acquire of an owned connection",
+        "an acquire does not require the connection to be free",
+        (
+            (
+                "wsfleet/lease_rules.py",
+                '"#state = :started AND attribute_not_exists(#parked) AND'
+                ' attribute_not_exists(#owner)"',
+                '"#state = :started AND attribute_not_exists(#parked)"',
+            ),
+        ),
+    ),
+    Break(
+        "stop notice ignored",
+        "a runner whose connection was stopped keeps running",
+        (
+            (
+                "worker/fleet_worker.py",
+                "    if not item.started:\n        return Ending.STOPPED\n",
+                "",
+            ),
+        ),
+    ),
+)

@@ -1,0 +1,117 @@
+"""``python -m sim.recall``: put each break of :mod:`sim.breaks` into a copy of the code
+and run seeds until the simulator finds it; print seeds-to-find for each.
+
+    python -m sim.recall                      # every break, up to 200 seeds each
+    python -m sim.recall --only F1 --seeds 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from sim.breaks import BREAKS, Break
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("worker", "wsfleet", "lambdas", "local_stack", "sim", "fleetctl")
+
+
+def apply(target: Path, fault: Break) -> None:
+    for file, text, replacement in fault.edits:
+        path = target / file
+        source = path.read_text()
+        found = source.count(text)
+        if found != 1:
+            raise SystemExit(f"{fault.name}: {file} has {found} of {text!r}; update sim/breaks.py")
+        path.write_text(source.replace(text, replacement))
+
+
+def find(fault: Break, seeds: int, first_seed: int, jobs: int) -> dict[str, object]:
+    """Run seeds on the broken copy in batches of ``jobs`` until one finds it."""
+    with tempfile.TemporaryDirectory(prefix="sim-recall-") as folder:
+        target = Path(folder)
+        for package in PACKAGES:
+            shutil.copytree(
+                ROOT / package, target / package, ignore=shutil.ignore_patterns("__pycache__")
+            )
+        apply(target, fault)
+        started = time.monotonic()
+        env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(target)}
+        seed = first_seed
+        while seed < first_seed + seeds:
+            batch = min(jobs, first_seed + seeds - seed)
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "sim",
+                    "--seeds",
+                    str(batch),
+                    "--first-seed",
+                    str(seed),
+                    "--jobs",
+                    str(jobs),
+                ],
+                cwd=target,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            summary = json.loads(done.stdout.strip().splitlines()[-1])
+            if summary["violations"]:
+                found_by = min(summary["failing_seeds"])
+                first = next(
+                    (
+                        line
+                        for line in done.stdout.splitlines()
+                        if line.startswith(f"seed {found_by}:")
+                    ),
+                    "",
+                )
+                return {
+                    "break": fault.name,
+                    "found": True,
+                    "seeds_to_find": found_by - first_seed + 1,
+                    "seed": found_by,
+                    "violation": first,
+                    "seconds": round(time.monotonic() - started, 1),
+                }
+            seed += batch
+        return {
+            "break": fault.name,
+            "found": False,
+            "seeds_run": seeds,
+            "seconds": round(time.monotonic() - started, 1),
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m sim.recall", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--seeds", type=int, default=200, help="seeds per break at most")
+    parser.add_argument("--first-seed", type=int, default=1)
+    parser.add_argument("--only", action="append", help="a break's name (repeatable)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args(argv)
+    chosen = [b for b in BREAKS if not args.only or b.name in args.only]
+    results = []
+    for fault in chosen:
+        result = find(fault, args.seeds, args.first_seed, args.jobs)
+        results.append(result)
+        print(json.dumps(result), flush=True)
+    found = sum(1 for r in results if r["found"])
+    print(json.dumps({"breaks": len(results), "found": found}))
+    return 0 if found == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
