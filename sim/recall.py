@@ -20,7 +20,7 @@ from pathlib import Path
 from sim.breaks import BREAKS, Break
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("worker", "wsfleet", "lambdas", "local_stack", "sim", "fleetctl")
+PACKAGES = ("worker", "wsfleet", "lambdas", "local_stack", "sim", "fleetctl", "websocket_fleet")
 
 
 def apply(target: Path, fault: Break) -> None:
@@ -65,6 +65,8 @@ def find(fault: Break, seeds: int, first_seed: int, jobs: int) -> dict[str, obje
                 text=True,
                 check=False,
             )
+            if done.returncode not in (0, 1) or not done.stdout.strip():
+                raise SystemExit(f"{fault.name}: the simulator failed:\n{done.stderr}")
             summary = json.loads(done.stdout.strip().splitlines()[-1])
             if summary["violations"]:
                 found_by = min(summary["failing_seeds"])

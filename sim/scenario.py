@@ -89,6 +89,8 @@ class Schedule:
             (self.feed_drop, 2),
             (self.feed_silence, 1),
             (self.feed_refusal, 1),
+            (self.feed_http10, 1),
+            (self.feed_slow, 1),
             (self.router_stop, 2),
             (self.router_restart, 2),
             (self.router_new_stream, 1),
@@ -290,6 +292,32 @@ class Schedule:
         # Reconnects back off up to 30 s.
         excuse = seconds + 30.0
         self.add(at, "feed refusal", act, heals=seconds, excuse=excuse, connection_id=connection_id)
+
+    def feed_http10(self, at: float) -> None:
+        connection_id, seconds = self._connection(), self.rng.uniform(2, 20)
+
+        def act() -> None:
+            self.fleet.monitor.event(f"fault: feed answers HTTP/1.0 {connection_id} {seconds:.1f}s")
+            self.fleet.feeds.answer_http10(self._stream_of(connection_id), seconds)
+
+        excuse = seconds + 30.0
+        self.add(
+            at, "feed http/1.0", act, heals=seconds, excuse=excuse, connection_id=connection_id
+        )
+
+    def feed_slow(self, at: float) -> None:
+        connection_id, seconds = self._connection(), self.rng.uniform(2, 20)
+        by = self.rng.uniform(0.5, 12.0)  # beyond the open timeout (10 s): attempts fail
+
+        def act() -> None:
+            self.fleet.monitor.event(
+                f"fault: feed handshakes {by:.1f}s slow {connection_id} {seconds:.1f}s"
+            )
+            self.fleet.feeds.slow_handshakes(self._stream_of(connection_id), seconds, by)
+            self.fleet.feeds.drop(self._stream_of(connection_id))
+
+        excuse = seconds + by + 30.0
+        self.add(at, "feed slow", act, heals=seconds, excuse=excuse, connection_id=connection_id)
 
     # The router
 

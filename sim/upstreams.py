@@ -7,8 +7,9 @@ exists from ``start + n / rate``. A connection with ``from_seq=k`` gets every se
 query also shapes the upstream: ``refuse=<status>`` answers the handshake with that
 status, ``http10=1`` with an HTTP/1.0 answer, ``slow=<s>`` delays the answer,
 ``live=1`` sends messages without a ``seq`` (for the ``live`` protocol). At run time
-the fault schedule can drop every connection of a stream, refuse it for a while, or
-make it silent (no byte at all, pongs included).
+the fault schedule can drop every connection of a stream, refuse it for a while,
+answer it with HTTP/1.0 for a while, slow its handshakes, or make it silent (no byte
+at all, pongs included).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class Stream:
     refused_until: float = 0.0
     refuse_status: int = 503
     silent_until: float = 0.0
+    http10_until: float = 0.0
+    slow_until: float = 0.0
+    slow_by: float = 0.0
     connections: set[FeedConnection] = field(default_factory=set)
 
     def last_seq(self, now: float) -> int:
@@ -76,6 +80,18 @@ class Feeds:
         stream = self.streams.get(path)
         if stream is not None:
             stream.silent_until = self.loop.time() + seconds
+
+    def answer_http10(self, path: str, seconds: float) -> None:
+        """A proxy in front of the stream answers HTTP/1.0 (not a WebSocket upgrade)."""
+        stream = self.streams.get(path)
+        if stream is not None:
+            stream.http10_until = self.loop.time() + seconds
+            self.drop(path)
+
+    def slow_handshakes(self, path: str, seconds: float, by: float) -> None:
+        stream = self.streams.get(path)
+        if stream is not None:
+            stream.slow_until, stream.slow_by = self.loop.time() + seconds, by
 
 
 def url(path: str, rate: float, **options: object) -> str:
@@ -148,12 +164,14 @@ class FeedConnection(asyncio.Protocol):
         rate = float(query.get("rate", "1"))
         stream = self._feeds.stream(path, rate)
         slow = float(query.get("slow", "0"))
+        if stream.slow_until > self._loop.time():
+            slow = max(slow, stream.slow_by)
         if slow:
             await asyncio.sleep(slow)
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        if query.get("http10"):
+        if query.get("http10") or stream.http10_until > self._loop.time():
             transport.write(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n")
             transport.close()
             return
