@@ -256,7 +256,27 @@ class World:
             now = self.now
             while events and events[0][0] <= now:
                 heapq.heappop(events)[2]()
-            runnable = [loop for loop in loops if loop.due(now)]
+            # One look at every loop: those with work due now, and the next instant
+            # any other has work.
+            runnable = []
+            following = events[0][0] if events else None
+            for loop in loops:
+                if loop.crashed:
+                    continue
+                ready = loop._ready_queue
+                if ready:
+                    when = now
+                else:
+                    scheduled = loop._scheduled  # type: ignore[attr-defined]
+                    if not scheduled:
+                        continue
+                    when = scheduled[0]._when
+                if loop.paused_until > now:
+                    when = max(when, loop.paused_until)
+                if when <= now:
+                    runnable.append(loop)
+                elif following is None or when < following:
+                    following = when
             if runnable:
                 if len(runnable) > 1:
                     rng.shuffle(runnable)
@@ -266,11 +286,6 @@ class World:
                         loop.step()
                 self.current = None
                 continue
-            following = min(
-                (t for loop in loops if (t := loop.next_timer()) is not None), default=None
-            )
-            if events and (following is None or events[0][0] < following):
-                following = events[0][0]
             if following is None or following > end:
                 self.now = end
                 return
