@@ -14,7 +14,9 @@
    of its last delivery and the heal of the last fault that excuses darkness: a crash,
    pause, partition or drain of a worker, errors or throttling of DynamoDB, index lag
    and stale reads, trouble with that connection's upstream or handler, or its stop.
-   One worker's slow DynamoDB excuses nothing (docs/DESIGN.md §3.11).
+   One worker's slow DynamoDB excuses nothing for the connections that worker runs
+   (docs/DESIGN.md §3.11); it excuses the others' (a slow worker the reap's plan
+   names as a taker leaves its part to the fallback, §3.2).
 4. A stop ends delivery within the stop bound, unless a fault (any, slow DynamoDB
    included) disturbed the fleet in between.
 5. No unhandled exception, no capacity slot leaked, no worker exits with an error.
@@ -64,6 +66,7 @@ class _Connection:
     """While STARTED: its last delivery, or its start."""
     stopped_at: float | None = None
     last_delivery: float | None = None
+    last_worker: str | None = None
     deliveries: int = 0
 
 
@@ -74,7 +77,7 @@ class Monitor:
         self._clock = clock
         self._stop_bound = stop_bound
         self._dark_bound = dark_bound
-        self._excuses: list[tuple[float, float, str | None]] = []
+        self._excuses: list[tuple[float, float, str | None, str | None]] = []
         self._disturbances: list[tuple[float, float]] = []
         self._pauses: dict[str, list[tuple[float, float]]] = {}
         self.zombie_overlaps = 0
@@ -131,10 +134,17 @@ class Monitor:
 
     # The router's view.
 
-    def excuse(self, start: float, end: float, connection_id: str | None = None) -> None:
-        """Darkness from ``start`` to ``end`` (of one connection, or of every one) is the
-        fault's, not the fleet's."""
-        self._excuses.append((start, end, connection_id))
+    def excuse(
+        self,
+        start: float,
+        end: float,
+        connection_id: str | None = None,
+        *,
+        except_run_by: str | None = None,
+    ) -> None:
+        """Darkness from ``start`` to ``end`` (of one connection, or of every one but
+        those last run by ``except_run_by``) is the fault's, not the fleet's."""
+        self._excuses.append((start, end, connection_id, except_run_by))
 
     def crashed(self, worker: str) -> None:
         """A dead process handles nothing: its calls in flight end with it."""
@@ -183,6 +193,7 @@ class Monitor:
         if connection.started and connection.dark_since is not None:
             self._check_dark(connection_id, connection.dark_since, now)
             connection.dark_since = now
+        connection.last_worker = worker
         line = f"{now:10.3f} {worker} calls epoch {epoch} seq {first}..{seq}"
         self._hash.update(line.encode())
         self._keep(line, connection_id)
@@ -241,8 +252,14 @@ class Monitor:
 
     def _check_dark(self, connection_id: str, since: float, until: float) -> None:
         healed = since
-        for start, end, about in self._excuses:
-            if start <= until and end >= since and about in (None, connection_id):
+        ran_by = self._connection(connection_id).last_worker
+        for start, end, about, but in self._excuses:
+            if (
+                start <= until
+                and end >= since
+                and about in (None, connection_id)
+                and (but is None or but != ran_by)
+            ):
                 healed = max(healed, end)
         if until - healed > self._dark_bound:
             self._violated(

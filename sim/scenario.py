@@ -193,9 +193,11 @@ class Schedule:
         def apply(process: WorkerProcess) -> Callable[[], None]:
             now = self.fleet.world.now
             process.link.brownouts.append((now, now + seconds, extra))
+            # One worker's slow DynamoDB excuses no darkness of the connections it
+            # runs (docs/DESIGN.md §3.11), only of the others'.
+            self.fleet.monitor.excuse(now, now + seconds, except_run_by=process.name)
             return lambda: None
 
-        # One worker's slow DynamoDB excuses no darkness (docs/DESIGN.md §3.11).
         self._window(at, f"brownout +{extra:.2f}s for {seconds:.1f}s", seconds, apply, None)
 
     def partition(self, at: float) -> None:
@@ -457,7 +459,9 @@ def _shut_down(fleet: Fleet) -> None:
     running = [p for p in fleet.processes if p.alive]
     for process in running:
         process.terminate()
-    world.run_until(world.now + fleet.timing.shutdown_budget + 10.0)
+    deadline = world.now + fleet.timing.shutdown_budget + 10.0
+    while world.now < deadline and not all(p.exited for p in running):
+        world.run_until(min(world.now + 1.0, deadline))
     for process in running:
         if not process.exited:
             fleet.monitor.violated(5, f"{process.name} did not exit after SIGTERM")
