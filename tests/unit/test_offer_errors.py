@@ -5,15 +5,11 @@ unretrieved and unlogged)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any, cast
-
 import pytest
 from botocore.exceptions import ClientError
 
+from tests.support.bare_worker import bare_worker
 from worker.acquire_result import AcquireResult
-from worker.config import WorkerConfig
-from worker.fleet_worker import Worker, WorkerDeps
 from wsfleet import session_rules
 from wsfleet.timing import LeaseTiming
 
@@ -22,22 +18,8 @@ pytestmark = pytest.mark.timeout(10)
 TIMING = LeaseTiming.from_lease(2.5)
 
 
-def receiver() -> Worker:
-    store = cast(Any, SimpleNamespace(timing=TIMING))
-    deps = WorkerDeps(
-        store=store,
-        sessions=store,
-        renewals=store,
-        sqs=cast(Any, None),
-        handler=cast(Any, None),
-        protocol=cast(Any, None),
-    )
-    config = WorkerConfig(table_name="t", queue_url="q", worker_id="w", timing=TIMING)
-    return Worker(config, deps)
-
-
 async def test_an_offer_whose_acquire_raises_stays_and_the_others_are_acted_on() -> None:
-    w = receiver()
+    w = bare_worker(TIMING)
     throttled = ClientError(
         {"Error": {"Code": "ProvisionedThroughputExceededException", "Message": "slow down"}},
         "UpdateItem",

@@ -5,13 +5,11 @@ that write lists nothing there (worker/fleet_worker.py)."""
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
-from typing import Any, cast
 
 import pytest
 
-from worker.config import WorkerConfig
-from worker.fleet_worker import Worker, WorkerDeps
+from tests.support.bare_worker import bare_worker
+from worker.fleet_worker import Worker
 from wsfleet.timing import LeaseTiming
 
 pytestmark = pytest.mark.timeout(10)
@@ -20,16 +18,7 @@ TIMING = LeaseTiming.from_lease(2.5)
 
 
 def worker() -> Worker:
-    store = cast(Any, SimpleNamespace(timing=TIMING))
-    deps = WorkerDeps(
-        store=store,
-        sessions=store,
-        renewals=store,
-        sqs=cast(Any, None),
-        handler=cast(Any, None),
-        protocol=cast(Any, None),
-    )
-    return Worker(WorkerConfig(table_name="t", queue_url="q", worker_id="w", timing=TIMING), deps)
+    return bare_worker(TIMING)
 
 
 def live(w: Worker, gen: int) -> None:
