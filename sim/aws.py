@@ -46,6 +46,9 @@ class Link:
     stale_by: float = 0.0
     """How old an eventually consistent read may be."""
     index_lag: float = 0.0
+    after_send: Callable[[str], None] | None = None
+    """Called with the operation as each request leaves (a fault may pause the process
+    right then, its write on its way)."""
 
     def one_way(self, now: float) -> float | None:
         """The latency of a message sent at ``now``; None: it never arrives."""
@@ -124,6 +127,8 @@ class Caller:
 
         if there is not None:
             world.at(world.now + there, arrive)
+        if link.after_send is not None:
+            link.after_send(operation)
         try:
             async with asyncio.timeout(self.retries.attempt_timeout):
                 return await reply

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 class Break:
     name: str
     why: str
-    edits: tuple[tuple[str, str, str], ...]
-    """(file, text, replacement); each text must occur exactly once (``count`` for
-    more)."""
+    edits: tuple[tuple[str, str, str] | tuple[str, str, str, int], ...]
+    """(file, text, replacement[, count]); each text must occur exactly ``count``
+    times (once unless given), and every occurrence is replaced."""
 
 
 _RENEW_OWN_ONLY = (
@@ -67,11 +67,7 @@ BREAKS: tuple[Break, ...] = (
         "fence check dropped",
         "a handler call starts whatever the fence deadline says",
         (
-            (
-                "worker/connection.py",
-                "if clock() < state.go_until:",
-                "if True:",
-            ),
+            ("worker/connection.py", "if clock() < state.go_until:", "if True:", 2),
             (
                 "worker/connection.py",
                 "                call_now = state.before_call(loop.time())\n",

@@ -24,11 +24,11 @@ PACKAGES = ("worker", "wsfleet", "lambdas", "local_stack", "sim", "fleetctl", "w
 
 
 def apply(target: Path, fault: Break) -> None:
-    for file, text, replacement in fault.edits:
+    for file, text, replacement, *count in fault.edits:
         path = target / file
         source = path.read_text()
-        found = source.count(text)
-        if found != 1:
+        found, expected = source.count(text), (count[0] if count else 1)
+        if found != expected:
             raise SystemExit(f"{fault.name}: {file} has {found} of {text!r}; update sim/breaks.py")
         path.write_text(source.replace(text, replacement))
 

@@ -33,7 +33,7 @@ class Result:
 
 
 _ROUTER_REQUESTS = frozenset(
-    {"start", "stop", "restart", "new stream", "burst stop", "burst start"}
+    {"start", "stop", "restart", "new stream", "burst stop", "burst start", "burst new streams"}
 )
 
 
@@ -79,6 +79,7 @@ class Schedule:
             (self.scale_out, 1),
             (self.scale_in, 1),
             (self.pause, 3),
+            (self.pause_after_writes, 2),
             (self.brownout, 2),
             (self.partition, 2),
             (self.throttle, 1),
@@ -140,6 +141,11 @@ class Schedule:
     def crash(self, at: float) -> None:
         self._on_worker(at, "crash", lambda p: p.crash(), excuse=0.0)
         self._replace_later(at)
+        if self.rng.random() < 0.5:
+            # Restarts on new streams while the crashed session's connections are
+            # being taken over (its reap comes about a lease later): a takeover and a
+            # restart may interleave between the takeover's write and its read.
+            self.router_burst(at + self.rng.uniform(2.0, 3.5), new_stream=True)
 
     def sigterm(self, at: float) -> None:
         self._on_worker(at, "sigterm", lambda p: p.terminate(), excuse=0.0)
@@ -161,6 +167,30 @@ class Schedule:
     def pause(self, at: float) -> None:
         seconds = self.rng.choice((0.3, 1.0, 2.0, 3.0, 6.0))
         self._on_worker(at, f"pause {seconds}s", lambda p: self.fleet.pause(p, seconds), seconds)
+
+    def pause_after_writes(self, at: float) -> None:
+        """For a while, now and then, the process stops just after a write leaves: the
+        write lands while it is stopped, its answer waits for it (at any await)."""
+        seconds, p = self.rng.uniform(3, 15), self.rng.uniform(0.05, 0.3)
+        fleet, rng = self.fleet, self.rng
+        writes = {"update_item", "put_item", "transact_write_items", "delete_item"}
+
+        def apply(process: WorkerProcess) -> Callable[[], None]:
+            def after_send(operation: str) -> None:
+                if operation in writes and rng.random() < p:
+                    stop_for = rng.uniform(1.0, 6.0)
+                    fleet.monitor.note(f"{process.name} paused {stop_for:.2f}s after {operation}")
+                    fleet.pause(process, stop_for)
+
+            process.link.after_send = after_send
+
+            def undo() -> None:
+                process.link.after_send = None
+
+            return undo
+
+        name = f"pauses after writes p={p:.2f} for {seconds:.1f}s"
+        self._window(at, name, seconds, apply, seconds + 6.0)
 
     def clock_step(self, at: float) -> None:
         # Within the skew the design assumes (docs/DESIGN.md §3.6).
@@ -347,17 +377,27 @@ class Schedule:
         connection_id = self._connection()
         self.add(at, "new stream", lambda: self.fleet.router.start(connection_id, new_stream=True))
 
-    def router_burst(self, at: float) -> None:
+    def router_burst(self, at: float, *, new_stream: bool = False) -> None:
         ids = sorted({self._connection() for _ in range(self.rng.randint(5, 40))})
+        router = self.fleet.router
+        if new_stream:
+
+            def restart_all() -> None:
+                self.fleet.monitor.event(f"fault: burst of {len(ids)} restarts on new streams")
+                for connection_id in ids:
+                    router.start(connection_id, new_stream=True)
+
+            self.add(at, "burst new streams", restart_all)
+            return
 
         def stop_all() -> None:
             self.fleet.monitor.event(f"fault: burst of {len(ids)} stops")
             for connection_id in ids:
-                self.fleet.router.stop(connection_id)
+                router.stop(connection_id)
 
         def start_all() -> None:
             for connection_id in ids:
-                self.fleet.router.start(connection_id)
+                router.start(connection_id)
 
         self.add(at, "burst stop", stop_all)
         self.add(at + self.rng.uniform(0.5, 10), "burst start", start_all)
