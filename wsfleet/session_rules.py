@@ -369,9 +369,7 @@ def handed_to(session: SessionItem) -> list[str]:
     """The connections other workers released for this session (its offers and
     drains): free in the table, each waiting for this session's next renew. For a
     DEAD session that renew never comes."""
-    return sorted(
-        {notice_connection_id(t) for t in session.notices if notice_kind(t) in HANDOFFS}
-    )
+    return sorted({notice_connection_id(t) for t in session.notices if notice_kind(t) in HANDOFFS})
 
 
 def offer_update(tokens: Iterable[str]) -> ConditionalUpdate:
