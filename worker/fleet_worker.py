@@ -109,6 +109,8 @@ class Worker:
         self._renewals = deps.renewals
         self._wall_ms = deps.wall_ms
         self._deps = deps
+        self._clock: Callable[[], float] = time.monotonic
+        """The event loop's clock, once :meth:`run` knows the loop (the same clock)."""
         rng = deps.rng or random.Random()
         self._rng = rng
         self.worker_id = config.worker_id
@@ -182,7 +184,9 @@ class Worker:
             wall_ms=deps.wall_ms,
             rng=rng,
             settle=2 * config.timing.heartbeat + 1.0,
-            monotonic=_now,
+            # Read by the session renew's thread too (the load it publishes): the
+            # loop's clock, which any thread may read (time.monotonic in production).
+            monotonic=lambda: self._clock(),
             tokens=deps.tokens,
         )
         self.queue = StartQueue(
@@ -951,6 +955,7 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set, then shut down gracefully."""
+        self._clock = asyncio.get_running_loop().time
         log.info(
             "worker started",
             extra={
