@@ -165,4 +165,16 @@ BREAKS: tuple[Break, ...] = (
             ),
         ),
     ),
+    Break(
+        "renew thread asks for a running loop",
+        "the load the renew thread publishes reads asyncio.get_running_loop(), which a"
+        " thread of its own has not",
+        (
+            (
+                "worker/fleet_worker.py",
+                "            monotonic=lambda: self._clock(),\n",
+                "            monotonic=_now,\n",
+            ),
+        ),
+    ),
 )

@@ -72,16 +72,29 @@ def await_only(awaitable: Awaitable[T]) -> T:
 
 
 async def run_blocking(call: Callable[..., T], *args: Any) -> T:
-    """Run the blocking ``call(*args)`` in a greenlet, awaiting what it waits for."""
+    """Run the blocking ``call(*args)`` in a greenlet, awaiting what it waits for.
+
+    The code runs with no running event loop, as on a thread of its own: what it
+    must not do there (``asyncio.get_running_loop()``, a future of the loop) fails
+    here as it would in production."""
     bridge = _Bridge(call)
-    result = bridge.switch(*args)
+    loop = events._get_running_loop()
+
+    def resume(method: Callable[..., Any], *values: Any) -> Any:
+        events._set_running_loop(None)
+        try:
+            return method(*values)
+        finally:
+            events._set_running_loop(loop)
+
+    result = resume(bridge.switch, *args)
     while isinstance(result, _Await):
         try:
             value = await result.awaitable
         except BaseException as error:  # handed to the blocking code, as a thread would see it
-            result = bridge.throw(error)
+            result = resume(bridge.throw, error)
         else:
-            result = bridge.switch(value)
+            result = resume(bridge.switch, value)
     return result  # type: ignore[no-any-return]
 
 
