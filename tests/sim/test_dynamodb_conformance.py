@@ -30,7 +30,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -931,24 +930,18 @@ def test_the_engine_answers_as_dynamodb_local(case, ddb, table, simulated):
 # --- the shipped stores on both --------------------------------------------------------------
 
 
-@pytest.fixture
-def predictable_tokens(monkeypatch) -> Callable[[], None]:
-    """``secrets.token_hex`` (lease tokens, transaction tokens, notice nonces) counts up
-    from the same start on each backend; call the result to start again."""
+def counting_tokens() -> Callable[[int], str]:
+    """Lease tokens, transaction tokens and notice nonces that count up from the same
+    start on each backend (the stores take their token source as an argument)."""
     counter = itertools.count()
-
-    def restart() -> None:
-        nonlocal counter
-        counter = itertools.count()
-
-    monkeypatch.setattr(secrets, "token_hex", lambda n=16: f"{next(counter):0{2 * n}x}")
-    return restart
+    return lambda n=16: f"{next(counter):0{2 * n}x}"
 
 
 def store_script(client: Any, table: str) -> list[Any]:
     """A life of a small fleet through the shipped stores: what each call returned."""
-    control = DesiredStateStore(client, table)
-    store = LeaseStore(client, table, STORE_TIMING)
+    tokens = counting_tokens()
+    control = DesiredStateStore(client, table, tokens=tokens)
+    store = LeaseStore(client, table, STORE_TIMING, tokens=tokens)
     sessions = SessionStore(client, table, STORE_TIMING)
     ids = [f"c{n}" for n in range(8)]
     out: list[Any] = [
@@ -1032,10 +1025,9 @@ def listing_script(client: Any, table: str) -> list[Any]:
     return out
 
 
-def test_the_shipped_stores_leave_the_same_tables(ddb, table, simulated, predictable_tokens):
+def test_the_shipped_stores_leave_the_same_tables(ddb, table, simulated):
     local = store_script(ddb, table)
     local += listing_script(ddb, table)
-    predictable_tokens()
     engine = store_script(simulated, table)
     engine += listing_script(simulated, table)
     for n, (want, got) in enumerate(zip(local, engine, strict=True)):
