@@ -14,6 +14,7 @@ import pytest
 
 from fleetctl.cli import main
 from local_stack.services import LOCAL_CREDENTIALS, LOCAL_REGION
+from tests.examples.trade_table import create_trade_table
 from tests.support.timing import scaled
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(scaled(600))]
@@ -34,18 +35,7 @@ def trade_table(ddb, monkeypatch: pytest.MonkeyPatch, dynamodb_endpoint: str) ->
     """A table of the example's shape on DynamoDB Local, and the environment the probe
     inherits pointing at it."""
     name = "trades-check"
-    ddb.create_table(
-        TableName=name,
-        KeySchema=[
-            {"AttributeName": "connection_id", "KeyType": "HASH"},
-            {"AttributeName": "seq", "KeyType": "RANGE"},
-        ],
-        AttributeDefinitions=[
-            {"AttributeName": "connection_id", "AttributeType": "S"},
-            {"AttributeName": "seq", "AttributeType": "N"},
-        ],
-        BillingMode="PAY_PER_REQUEST",
-    )
+    create_trade_table(ddb, name)
     for variable, value in {
         "AWS_ENDPOINT_URL_DYNAMODB": dynamodb_endpoint,
         "AWS_ACCESS_KEY_ID": LOCAL_CREDENTIALS,

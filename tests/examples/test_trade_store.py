@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.examples.trade_table import create_trade_table
 from worker.delivery import Delivery
 
 HANDLER_DIR = Path(__file__).resolve().parents[2] / "examples" / "trade_store" / "handler"
@@ -55,18 +56,7 @@ def test_the_handler_directory_type_checks_strictly(tmp_path: Path) -> None:
 
 def test_a_superseded_owner_never_overwrites_a_trade(ddb, sink_module: Any) -> None:
     table = "trades-fence"
-    ddb.create_table(
-        TableName=table,
-        KeySchema=[
-            {"AttributeName": "connection_id", "KeyType": "HASH"},
-            {"AttributeName": "seq", "KeyType": "RANGE"},
-        ],
-        AttributeDefinitions=[
-            {"AttributeName": "connection_id", "AttributeType": "S"},
-            {"AttributeName": "seq", "AttributeType": "N"},
-        ],
-        BillingMode="PAY_PER_REQUEST",
-    )
+    create_trade_table(ddb, table)
     try:
         store = sink_module.TradeStore(table, ddb)
 
