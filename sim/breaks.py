@@ -67,9 +67,9 @@ BREAKS: tuple[Break, ...] = (
         "fence check dropped",
         "a handler call starts whatever the fence deadline says",
         (
-            ("worker/connection.py", "if clock() < state.go_until:", "if True:", 2),
+            ("worker/message_pump.py", "if clock() < state.go_until:", "if True:", 2),
             (
-                "worker/connection.py",
+                "worker/message_pump.py",
                 "                call_now = state.before_call(loop.time())\n",
                 "                call_now = Call.GO\n",
             ),
@@ -118,10 +118,10 @@ BREAKS: tuple[Break, ...] = (
         "the checkpoint passes a message before its handler call has returned",
         (
             (
-                "worker/connection.py",
-                "                failure = await self._call(task, handle, delivery)\n",
+                "worker/message_pump.py",
+                "                failure = await call(task, handle, delivery)\n",
                 "                state.call_returned(seq)\n"
-                "                failure = await self._call(task, handle, delivery)\n",
+                "                failure = await call(task, handle, delivery)\n",
             ),
         ),
     ),

@@ -21,7 +21,8 @@ from worker.balancer import Balancer
 from worker.capacity import Capacity
 from worker.config import WorkerConfig
 from worker.connect_pacing import ConnectPacer
-from worker.connection import TASK_STOP_SECONDS, ConnectionRunner, ConnectionSettings, Outcome
+from worker.connection import TASK_STOP_SECONDS, ConnectionRunner, Outcome
+from worker.connection_settings import ConnectionSettings
 from worker.connection_state import Ending
 from worker.credentials import SecretCache
 from worker.delivery import AnyHandler
