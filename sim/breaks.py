@@ -28,12 +28,12 @@ BREAKS: tuple[Break, ...] = (
         " extends every runner",
         (
             (
-                "worker/fleet_worker.py",
-                "        if result.session_gen != self.session_gen:\n",
+                "worker/ownership.py",
+                "        if result.session_gen != self._standing.session_gen:\n",
                 "        if False:\n",
             ),
             (
-                "worker/fleet_worker.py",
+                "worker/session_cycle.py",
                 _RENEW_OWN_ONLY,
                 "            if True:\n                runner.session_renewed",
             ),
@@ -80,7 +80,7 @@ BREAKS: tuple[Break, ...] = (
         "a renew of a later session resumes runners of a reaped one",
         (
             (
-                "worker/fleet_worker.py",
+                "worker/session_cycle.py",
                 _RENEW_OWN_ONLY,
                 "            if True:\n                runner.session_renewed",
             ),
@@ -159,7 +159,7 @@ BREAKS: tuple[Break, ...] = (
         "a runner whose connection was stopped keeps running",
         (
             (
-                "worker/fleet_worker.py",
+                "worker/notices.py",
                 "    if not item.started:\n        return Ending.STOPPED\n",
                 "",
             ),
@@ -173,7 +173,7 @@ BREAKS: tuple[Break, ...] = (
             (
                 "worker/fleet_worker.py",
                 "            monotonic=lambda: self._clock(),\n",
-                "            monotonic=_now,\n",
+                "            monotonic=lambda: asyncio.get_running_loop().time(),\n",
             ),
         ),
     ),
