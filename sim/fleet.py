@@ -24,7 +24,7 @@ from sim.network import Network
 from sim.runtime import SimLoop, SimThreads, World, install_asyncgen_hooks
 from worker import aws_clients
 from worker.__main__ import AWS_THREADS
-from worker.config import WorkerConfig
+from worker.config import DEFAULT_PING_TIMEOUT, WorkerConfig
 from worker.delivery import Delivery
 from worker.fleet_worker import Worker, WorkerDeps
 from worker.upstream_protocol import load_protocol
@@ -50,18 +50,37 @@ class Shape:
     faults: int
     batch: bool
     """The handler takes batches (``handle_batch``)."""
+    ping_interval: float | None
+    """``PING_INTERVAL_SECONDS`` if not the default."""
 
     @classmethod
     def draw(cls, rng: random.Random, *, duration: float, faults: int) -> Shape:
         workers = rng.randint(3, 8)
-        connections = rng.randint(20, 300)
+        # Log-uniform: small fleets are cheap and many, every size is drawn often.
+        connections = round(math.exp(rng.uniform(math.log(20), math.log(300))))
         # Room for everything even with two workers gone, and some seeds with little
         # to spare (full workers, the start queue handing messages back).
         spare = rng.choice((1.2, 1.5, 2.5))
         max_connections = max(8, math.ceil(connections * spare / max(workers - 2, 1)))
         rate = min(1.0, round(rng.uniform(30, 90) / connections, 3))
         batch = rng.random() < 0.3
-        return cls(workers, connections, rate, max_connections, duration, faults, batch)
+        # The keepalive is a setting users change; a ping a second per connection is
+        # also most of a run's events, so the default is one draw of three.
+        ping_interval = rng.choice((None, 5.0, 20.0))
+        return cls(
+            workers, connections, rate, max_connections, duration, faults, batch, ping_interval
+        )
+
+    def silence_noticed_within(self, timing: LeaseTiming) -> float:
+        """A silent upstream is left within a ping interval and the pong's timeout."""
+        interval = self.ping_interval or max(timing.heartbeat, 1.0)
+        return interval + DEFAULT_PING_TIMEOUT
+
+    def worker_settings(self) -> dict[str, str]:
+        settings = {"MAX_CONNECTIONS": str(self.max_connections)}
+        if self.ping_interval is not None:
+            settings["PING_INTERVAL_SECONDS"] = str(self.ping_interval)
+        return settings
 
 
 def token_source(rng: random.Random) -> Callable[[int], str]:
@@ -116,8 +135,8 @@ class WorkerProcess:
             "TABLE_NAME": TABLE,
             "QUEUE_URL": QUEUE_URL,
             "WORKER_ID": name,
-            "MAX_CONNECTIONS": str(fleet.shape.max_connections),
             "METRICS_INTERVAL_SECONDS": "3600",
+            **fleet.shape.worker_settings(),
         }
         self.config = WorkerConfig.from_env(env)
         # The production clients' timeouts and attempts (worker.aws_clients).

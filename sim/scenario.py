@@ -312,7 +312,8 @@ class Schedule:
             self.fleet.feeds.silence(self._stream_of(connection_id), seconds)
 
         # The keepalive notices silence within a ping interval and timeout.
-        excuse = seconds + 12.0
+        fleet = self.fleet
+        excuse = seconds + fleet.shape.silence_noticed_within(fleet.timing) + 6.0
         self.add(at, "feed silence", act, heals=seconds, excuse=excuse, connection_id=connection_id)
 
     def feed_refusal(self, at: float) -> None:
