@@ -51,6 +51,20 @@ BREAKS: tuple[Break, ...] = (
         ),
     ),
     Break(
+        "F3",
+        "one session item that does not decode stops every reconcile pass",
+        (
+            (
+                "wsfleet/session_store.py",
+                "                    try:\n"
+                "                        sessions.append(SessionItem.from_dynamodb(raw))\n"
+                "                    except MalformedItemError as error:\n"
+                "                        report(error)\n",
+                "                    sessions.append(SessionItem.from_dynamodb(raw))\n",
+            ),
+        ),
+    ),
+    Break(
         "F4",
         "a renew attempt is abandoned after a third of a heartbeat, and a session that"
         " cannot be proven is never given up",
@@ -61,6 +75,22 @@ BREAKS: tuple[Break, ...] = (
                 "    per_attempt = max(0.2, timing.heartbeat / 3)\n",
             ),
             ("worker/renew_plan.py", "        if now >= self.give_up_at:\n", "        if False:\n"),
+        ),
+    ),
+    Break(
+        "F8",
+        "the connections a burst of stops names are read one at a time",
+        (
+            (
+                "worker/fleet_worker.py",
+                "            items = await loop.run_in_executor("
+                "None, self._store.get_many, running)\n",
+                "            items = {}\n"
+                "            for one in running:\n"
+                "                got = await loop.run_in_executor(None, self._store.get, one)\n"
+                "                if got is not None:\n"
+                "                    items[one] = got\n",
+            ),
         ),
     ),
     Break(

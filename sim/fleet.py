@@ -306,6 +306,8 @@ class Fleet:
         self._names = 0
         self.short_since: float | None = None
         self.last_fault_end = 0.0
+        self.malformed: list[str] = []
+        """Connection items put malformed (the fault of that name)."""
 
     def new_link(self) -> Link:
         rng = self.rng

@@ -9,9 +9,13 @@ import random
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from sim.fleet import Fleet, Shape, WorkerProcess, capture_logs
+from sim import upstreams
+from sim.dynamodb import SimDynamoDBClient
+from sim.fleet import TABLE, Fleet, Shape, WorkerProcess, capture_logs
 from sim.invariants import Violation
+from wsfleet import schema
 
 START = 1_000.0
 """Virtual time at which a run starts (its wall clock: :data:`sim.fleet.EPOCH` + it)."""
@@ -35,7 +39,16 @@ class Result:
 
 
 _ROUTER_REQUESTS = frozenset(
-    {"start", "stop", "restart", "new stream", "burst stop", "burst start", "burst new streams"}
+    {
+        "start",
+        "stop",
+        "restart",
+        "new stream",
+        "burst stop",
+        "burst start",
+        "burst new streams",
+        "stop a worker's connections",
+    }
 )
 
 
@@ -98,8 +111,10 @@ class Schedule:
             (self.router_restart, 2),
             (self.router_new_stream, 1),
             (self.router_burst, 1),
+            (self.router_stop_a_worker, 1),
             (self.handler_trouble, 2),
             (self.clock_step, 1),
+            (self.malformed_items, 1),
         ]
         choices = [kind for kind, _ in kinds]
         weights = [weight for _, weight in kinds]
@@ -290,6 +305,53 @@ class Schedule:
             at, f"stale reads {stale:.2f}s for {seconds:.1f}s", "stale_by", stale, seconds
         )
 
+    # Bad data
+
+    def malformed_items(self, at: float) -> None:
+        """Items this version cannot use, as a newer version or a hand edit may leave
+        them: session items that do not decode and STARTED connection items that
+        cannot be run. Each must cost only itself (docs/DESIGN.md §2.2): every other
+        connection keeps streaming, and the bad connections end up parked."""
+        fleet = self.fleet
+        index = len(fleet.malformed)
+        partitions = schema.session_partitions()
+        sessions: list[dict[str, Any]] = [
+            {"Sk": {"S": "no-generation"}},
+            {"Sk": {"S": "w#x"}, "state": {"S": schema.ALIVE}},
+            {"Sk": {"S": f"bad{index}#3"}, "state": {"N": "1"}},
+        ]
+        problems = {
+            schema.PROTOCOL: {"N": "5"},
+            schema.LAST_SEQ: {"S": "seventeen"},
+            schema.LEASE_EPOCH: {"S": "1"},
+        }
+        choice = self.rng.choice(sorted(problems))
+        connection_id = f"malformed-{index}"
+        fleet.malformed.append(connection_id)
+        client = SimDynamoDBClient(fleet.engine, lambda: fleet.world.now)
+
+        def act() -> None:
+            fleet.monitor.event(f"fault: malformed items ({choice} of {connection_id})")
+            for number, session in enumerate(sessions):
+                partition = partitions[(index + number) % len(partitions)]
+                item = {schema.PARTITION_KEY: {"S": partition}, **session}
+                client.put_item(TableName=TABLE, Item=item)
+            item = {
+                schema.PARTITION_KEY: {"S": schema.partition_key(connection_id)},
+                schema.SORT_KEY: {"S": schema.CONNECTION_SORT_KEY},
+                schema.DESIRED_STATE: {"S": schema.STARTED},
+                schema.WS_URL: {"S": upstreams.url(f"{connection_id}-s0", fleet.shape.rate)},
+                schema.FREE_SHARD: {"S": schema.free_shard(connection_id)},
+                schema.LEASE_EPOCH: {"N": "0"},
+                schema.LAST_SEQ: {"N": "0"},
+                schema.START_GEN: {"N": "1"},
+                schema.SEQ_GEN: {"N": "0"},
+                choice: problems[choice],
+            }
+            client.put_item(TableName=TABLE, Item=item)
+
+        self.add(at, "malformed items", act)
+
     # Upstreams
 
     def _stream_of(self, connection_id: str) -> str:
@@ -405,12 +467,44 @@ class Schedule:
         self.add(at, "burst stop", stop_all)
         self.add(at + self.rng.uniform(0.5, 10), "burst start", start_all)
 
+    def router_stop_a_worker(self, at: float) -> None:
+        """Every connection one worker runs is stopped at once (a tenant's connections,
+        which the rendezvous spread put together), and started again later: a burst
+        of notices to one worker, each stop bound by the stop bound."""
+        fleet, router = self.fleet, self.fleet.router
+        later = self.rng.uniform(1.0, 10.0)
+
+        def act() -> None:
+            # The busiest worker: the longest burst.
+            loads = [
+                (len(p.worker.owned()), p.name, sorted(p.worker.owned()))
+                for p in fleet.alive()
+                if p.worker is not None
+            ]
+            if not loads:
+                return
+            _, name, ids = max(loads)
+            fleet.monitor.event(f"fault: stop all {len(ids)} of {name}")
+            for connection_id in ids:
+                router.stop(connection_id)
+
+            def start_all() -> None:
+                for connection_id in ids:
+                    router.start(connection_id)
+
+            fleet.world.at(fleet.world.now + later, start_all)
+
+        self.add(at, "stop a worker's connections", act)
+
     # Handlers
 
     def handler_trouble(self, at: float) -> None:
         seconds = self.rng.uniform(2, 15)
-        kind = self.rng.choice(("slow", "raise", "cancelled", "pause"))
+        kind = self.rng.choice(("slow", "raise", "cancelled", "pause", "crash"))
         fleet = self.fleet
+        if kind == "crash":
+            self._crash_in_a_call(at, seconds)
+            return
 
         async def slow(rng: random.Random) -> None:
             await asyncio.sleep(rng.uniform(0.05, 3.0))
@@ -439,6 +533,39 @@ class Schedule:
 
         # A failing handler is retried with backoff up to 10 s.
         self._window(at, f"handler {kind} for {seconds:.1f}s", seconds, apply, seconds + 10.0)
+
+    def _crash_in_a_call(self, at: float, seconds: float) -> None:
+        """Handler calls turn slow (seconds each), and the process dies in the middle
+        of one: what its checkpoint says of the calls in flight is what the next owner
+        resumes from."""
+        fleet = self.fleet
+
+        def apply(process: WorkerProcess) -> Callable[[], None]:
+            crashing = False
+
+            async def slow_then_crash(rng: random.Random) -> None:
+                nonlocal crashing
+                if not crashing:
+                    crashing = True
+                    fleet.world.at(fleet.world.now + rng.uniform(1.0, 8.0), crash)
+                await asyncio.sleep(rng.uniform(2.0, 6.0))
+
+            def crash() -> None:
+                if process.loop.crashed:
+                    return
+                fleet.monitor.event(f"fault: {process.name} crashes in a handler call")
+                process.crash()
+                fleet.world.at(fleet.world.now + fleet.rng.uniform(3.0, 15.0), self._start_worker)
+
+            process.misbehaviour = slow_then_crash
+
+            def undo() -> None:
+                process.misbehaviour = None
+
+            return undo
+
+        # The crash comes within the window and 8 s: a crash is excused as any other.
+        self._window(at, f"handler crash within {seconds:.1f}s", seconds + 8.0, apply, None)
 
 
 def run_seed(seed: int, *, duration: float = 180.0, faults: int = 24) -> Result:
@@ -476,6 +603,7 @@ def _run(fleet: Fleet, rng: random.Random, shape: Shape) -> Result:
     end = max(START + shape.duration, healed + TAIL)
     world.run_until(end)
     fleet.monitor.check_streaming(fleet.short_since)
+    _check_parked(fleet)
     _shut_down(fleet)
     for error in world.errors:
         fleet.monitor.violated(5, f"unhandled: {error}")
@@ -493,6 +621,22 @@ def _run(fleet: Fleet, rng: random.Random, shape: Shape) -> Result:
 
 def _starter(fleet: Fleet, connection_id: str) -> Callable[[], None]:
     return lambda: fleet.router.start(connection_id)
+
+
+def _check_parked(fleet: Fleet) -> None:
+    """Every malformed connection item ends up parked with its problem, never held."""
+    client = SimDynamoDBClient(fleet.engine, lambda: fleet.world.now)
+    for connection_id in fleet.malformed:
+        key = {
+            schema.PARTITION_KEY: {"S": schema.partition_key(connection_id)},
+            schema.SORT_KEY: {"S": schema.CONNECTION_SORT_KEY},
+        }
+        item = client.get_item(TableName=TABLE, Key=key, ConsistentRead=True).get("Item", {})
+        reason = item.get(schema.PARKED_REASON, {}).get("S", "")
+        if not reason.startswith("malformed item") or schema.LEASE_OWNER in item:
+            fleet.monitor.violated(
+                3, f"{connection_id}: a malformed item not parked: {sorted(item)}"
+            )
 
 
 def _shut_down(fleet: Fleet) -> None:
