@@ -78,6 +78,18 @@ BREAKS: tuple[Break, ...] = (
         ),
     ),
     Break(
+        "F5",
+        "a reap records no takeover plan: the old rules, where the survivors wait a"
+        " heartbeat and race the reaper's stale room",
+        (
+            (
+                "wsfleet/session_rules.py",
+                "    if not takers:\n        return update\n",
+                "    return update\n",
+            ),
+        ),
+    ),
+    Break(
         "F8",
         "the connections a burst of stops names are read one at a time",
         (

@@ -110,6 +110,8 @@ class SimHandler:
         try:
             misbehaviour = process.misbehaviour
             if misbehaviour is not None and fleet.rng.random() < 0.3:
+                if getattr(misbehaviour, "ignores_cancellation", False):
+                    fleet.monitor.ignores_cancellation(process.name, cid)
                 await misbehaviour(fleet.rng)
             returned = True
         finally:
@@ -179,6 +181,15 @@ class WorkerProcess:
             await self.worker.run(self.stop)
         except Exception as error:
             self.fleet.monitor.violated(5, f"{self.name} exited with {error!r}")
+        else:
+            # Every exit, mid-run drains included: each slot given back, but those of
+            # handler calls that would not end (a handler that ignores cancellation
+            # holds its slot; the process exits without it).
+            free, slots = self.worker.capacity.free, self.config.max_connections
+            if free + self.fleet.monitor.calls_in_flight(self.name) < slots:
+                self.fleet.monitor.violated(
+                    5, f"{self.name} exited with {free} of {slots} slots free"
+                )
         finally:
             self.exited = True
 

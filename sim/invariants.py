@@ -52,6 +52,8 @@ class _Call:
     first: int
     seq: int
     started: float
+    uncancellable: bool = False
+    """The handler ignores cancellation: no fence can end this call."""
 
 
 @dataclass
@@ -201,6 +203,12 @@ class Monitor:
             if other != worker and self._paused_since(other, call.started):
                 self.zombie_overlaps += 1
                 self._keep(f"{now:10.3f} zombie: {other} paused in a call", connection_id)
+            elif other != worker and call.uncancellable:
+                self.zombie_overlaps += 1
+                self._keep(
+                    f"{now:10.3f} zombie: {other} in a call that ignores cancellation",
+                    connection_id,
+                )
             elif other != worker:
                 self._violated(
                     connection_id,
@@ -239,6 +247,16 @@ class Monitor:
                 " after its stop",
             )
         connection.calls[worker] = _Call(worker, epoch, stream, first, seq, now)
+
+    def ignores_cancellation(self, worker: str, connection_id: str) -> None:
+        """The call in flight will not end when cancelled (a handler's bug the fleet
+        cannot fence: only the epoch on each delivery can, docs/DESIGN.md §3.8)."""
+        call = self._connection(connection_id).calls.get(worker)
+        if call is not None:
+            call.uncancellable = True
+
+    def calls_in_flight(self, worker: str) -> int:
+        return sum(1 for c in self._connections.values() if worker in c.calls)
 
     def call_ended(self, worker: str, connection_id: str, *, returned: bool) -> None:
         connection = self._connection(connection_id)

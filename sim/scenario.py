@@ -4,6 +4,7 @@ quiet tail in which everything must recover, and the graceful end."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import warnings
@@ -91,6 +92,7 @@ class Schedule:
         kinds = [
             (self.crash, 3),
             (self.sigterm, 2),
+            (self.drain_while_partitioned, 1),
             (self.scale_out, 1),
             (self.scale_in, 1),
             (self.pause, 3),
@@ -166,6 +168,22 @@ class Schedule:
 
     def sigterm(self, at: float) -> None:
         self._on_worker(at, "sigterm", lambda p: p.terminate(), excuse=0.0)
+        self._replace_later(at)
+
+    def drain_while_partitioned(self, at: float) -> None:
+        """A worker cut off from DynamoDB is told to stop: its drain, releases and
+        retire cannot land, its shutdown budget runs out, and what is still ending
+        then is cancelled (every slot must still come back)."""
+        seconds, after = self.rng.uniform(2, 15), self.rng.uniform(0.0, 1.5)
+        fleet = self.fleet
+
+        def act(process: WorkerProcess) -> None:
+            now = fleet.world.now
+            process.link.partitions.append((now, now + seconds))
+            fleet.world.at(now + after, process.terminate)
+
+        name = f"SIGTERM {after:.1f}s into a partition of {seconds:.1f}s"
+        self._on_worker(at, name, act, seconds, seconds)
         self._replace_later(at)
 
     def scale_out(self, at: float) -> None:
@@ -500,10 +518,13 @@ class Schedule:
 
     def handler_trouble(self, at: float) -> None:
         seconds = self.rng.uniform(2, 15)
-        kind = self.rng.choice(("slow", "raise", "cancelled", "pause", "crash"))
+        kind = self.rng.choice(("slow", "raise", "cancelled", "pause", "crash", "stuck"))
         fleet = self.fleet
         if kind == "crash":
             self._crash_in_a_call(at, seconds)
+            return
+        if kind == "stuck":
+            self._stuck_then_sigterm(at, seconds)
             return
 
         async def slow(rng: random.Random) -> None:
@@ -533,6 +554,40 @@ class Schedule:
 
         # A failing handler is retried with backoff up to 10 s.
         self._window(at, f"handler {kind} for {seconds:.1f}s", seconds, apply, seconds + 10.0)
+
+    def _stuck_then_sigterm(self, at: float, seconds: float) -> None:
+        """Handler calls that ignore cancellation for up to half a minute (a broad
+        ``except``), and a SIGTERM soon after the first: the shutdown budget runs out
+        and the runners still ending are cancelled, which must still end them in order
+        and give their slots back."""
+        fleet = self.fleet
+
+        def apply(process: WorkerProcess) -> Callable[[], None]:
+            told = False
+
+            async def stuck(rng: random.Random) -> None:
+                nonlocal told
+                if not told:
+                    told = True
+                    fleet.world.at(fleet.world.now + rng.uniform(0.5, 3.0), process.terminate)
+                loop = asyncio.get_running_loop()
+                end = loop.time() + rng.uniform(5.0, 30.0)
+                while (left := end - loop.time()) > 0:
+                    # What the fault is: a handler that will not be cancelled.
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.sleep(left)
+
+            stuck.ignores_cancellation = True  # type: ignore[attr-defined]
+            process.misbehaviour = stuck
+
+            def undo() -> None:
+                process.misbehaviour = None
+
+            return undo
+
+        # A stuck call holds its connection dark for up to 30 s past the window.
+        self._window(at, f"handler stuck for {seconds:.1f}s", seconds, apply, seconds + 45.0)
+        self._replace_later(at + seconds)
 
     def _crash_in_a_call(self, at: float, seconds: float) -> None:
         """Handler calls turn slow (seconds each), and the process dies in the middle
@@ -640,8 +695,8 @@ def _check_parked(fleet: Fleet) -> None:
 
 
 def _shut_down(fleet: Fleet) -> None:
-    """SIGTERM every worker left; each must exit in its shutdown budget with every slot
-    given back."""
+    """SIGTERM every worker left; each must exit in its shutdown budget (with every slot
+    given back, as at every exit: WorkerProcess)."""
     world = fleet.world
     running = [p for p in fleet.processes if p.alive]
     for process in running:
@@ -652,11 +707,3 @@ def _shut_down(fleet: Fleet) -> None:
     for process in running:
         if not process.exited:
             fleet.monitor.violated(5, f"{process.name} did not exit after SIGTERM")
-            continue
-        worker = process.worker
-        if worker is not None and worker.capacity.free != process.config.max_connections:
-            fleet.monitor.violated(
-                5,
-                f"{process.name} exited with {worker.capacity.free} of"
-                f" {process.config.max_connections} slots free",
-            )
