@@ -90,6 +90,24 @@ BREAKS: tuple[Break, ...] = (
         ),
     ),
     Break(
+        "F6",
+        "a release that got no answer leaves its final checkpoint nowhere: the own-check"
+        " releases the stray with the checkpoint the listing had",
+        (
+            (
+                "wsfleet/lease_rules.py",
+                "        return seen.last_seq\n    return max(seen.last_seq, kept.seq)\n",
+                "        return seen.last_seq\n    return seen.last_seq\n",
+            ),
+            (
+                "worker/fleet_worker.py",
+                "        for cid, entry in self._unanswered.items():\n"
+                "            entries.setdefault(cid, entry)\n",
+                "",
+            ),
+        ),
+    ),
+    Break(
         "F8",
         "the connections a burst of stops names are read one at a time",
         (

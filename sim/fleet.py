@@ -310,6 +310,8 @@ class Fleet:
             stop_bound=self.timing.heartbeat + 1.0,
             # The bound, a message interval of the feed, and a second to connect.
             dark_bound=self.timing.crash_failover_bound() + 1.0 / self.shape.rate + 1.0,
+            # A page is written every checkpoint interval; two seconds for its write.
+            checkpoint_bound=self.timing.checkpoint + 2.0,
         )
         self.feeds = upstreams.Feeds(self.world.loop("upstreams"), self.network)
         self.router = Router(self)

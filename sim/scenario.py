@@ -143,7 +143,9 @@ class Schedule:
             process = self._worker()
             if process is None:
                 return
-            self.fleet.monitor.event(f"fault: {name} {process.name}")
+            monitor = self.fleet.monitor
+            monitor.event(f"fault: {name} {process.name}")
+            monitor.worker_disturbed(process.name, monitor.now(), monitor.now() + heals)
             act(process)
 
         self.add(at, name, run, heals=heals, excuse=excuse)
@@ -308,6 +310,7 @@ class Schedule:
 
         def start() -> None:
             fleet.monitor.event(f"fault: {name}")
+            fleet.monitor.worker_disturbed(None, fleet.world.now, fleet.world.now + seconds)
             set_to(value)()
             fleet.world.at(fleet.world.now + seconds, set_to(0.0))
 
