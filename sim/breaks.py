@@ -152,6 +152,29 @@ BREAKS: tuple[Break, ...] = (
         (("wsfleet/lease_rules.py", '            ("#epoch", seen.lease_epoch),\n', ""),),
     ),
     Break(
+        "renew of a reaped session passes",
+        "a session's renew is not conditioned on its being ALIVE: a reaped worker goes on",
+        (
+            (
+                "wsfleet/session_rules.py",
+                'condition_expression="#state = :alive AND NOT #expires > :expires",',
+                'condition_expression="NOT #expires > :expires",',
+            ),
+        ),
+    ),
+    Break(
+        "takeover without the dead owner's clause",
+        "a takeover decided on a listing does not check the owner is still the dead session",
+        (
+            (
+                "wsfleet/lease_rules.py",
+                'f"#owner = :dead AND #sgen = :deadgen AND #state = :started AND {read}"',
+                'f"(#owner = :dead OR attribute_exists(#owner)) AND (#sgen = :deadgen OR'
+                ' attribute_exists(#sgen)) AND #state = :started AND {read}"',
+            ),
+        ),
+    ),
+    Break(
         "reap without the skew term",
         "a session may be reaped as soon as its expiry passes by the reaper's clock",
         (
