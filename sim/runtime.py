@@ -71,6 +71,41 @@ def await_only(awaitable: Awaitable[T]) -> T:
     return current.parent.switch(_Await(awaitable))  # type: ignore[no-any-return]
 
 
+def _drive(
+    loop: SimLoop,
+    bridge: _Bridge,
+    method: Callable[..., Any],
+    values: tuple[Any, ...],
+    done: Callable[[Any, BaseException | None], None],
+) -> None:
+    """Run ``bridge`` until it waits or ends, from a callback of ``loop`` (no task): it
+    is resumed by the done callback of what it waits for, and ``done`` gets its
+    result or error. An executor's call costs a few callbacks this way, not a task's
+    steps."""
+    events._set_running_loop(None)
+    try:
+        result = method(*values)
+    except BaseException as error:  # the blocking code's error, for its caller
+        events._set_running_loop(loop)
+        done(None, error)
+        return
+    events._set_running_loop(loop)
+    if not isinstance(result, _Await):
+        done(result, None)
+        return
+    waited = asyncio.ensure_future(result.awaitable, loop=loop)
+
+    def resume(future: asyncio.Future[Any]) -> None:
+        if future.cancelled():
+            _drive(loop, bridge, bridge.throw, (asyncio.CancelledError(),), done)
+        elif (error := future.exception()) is not None:
+            _drive(loop, bridge, bridge.throw, (error,), done)
+        else:
+            _drive(loop, bridge, bridge.switch, (future.result(),), done)
+
+    waited.add_done_callback(resume)
+
+
 async def run_blocking(call: Callable[..., T], *args: Any) -> T:
     """Run the blocking ``call(*args)`` in a greenlet, awaiting what it waits for.
 
@@ -116,7 +151,8 @@ class SimLoop(asyncio.BaseEventLoop):
         super().__init__()
         self._world = world
         self.name = name
-        self._executor_slots: asyncio.Semaphore | None = None
+        self._executor_busy = 0
+        self._executor_queue: deque[Callable[[], None]] = deque()
         # BaseEventLoop's ready queue, which the world looks at to step it (its timer
         # heap, ``_scheduled``, is replaced now and then: read where it is).
         self._ready_queue: deque[asyncio.Handle] = self._ready  # type: ignore[attr-defined]
@@ -167,31 +203,33 @@ class SimLoop(asyncio.BaseEventLoop):
     def run_in_executor(  # type: ignore[override]
         self, executor: Any, func: Callable[..., T], *args: Any
     ) -> asyncio.Future[T]:
-        # As a thread of an executor: cancelling the future abandons the result, the
-        # call itself goes on.
-        task = self.create_task(self._in_executor(func, *args), name=f"executor:{_name(func)}")
+        # As a thread of an executor: it starts on a later step (when one of the
+        # threads is free), and cancelling the future abandons the result, the call
+        # itself goes on.
         future: asyncio.Future[T] = self.create_future()
 
-        def settle(done: asyncio.Task[T]) -> None:
+        def done(result: Any, error: BaseException | None) -> None:
+            if self._executor_queue:
+                self.call_soon(self._executor_queue.popleft())  # the thread goes on to it
+            else:
+                self._executor_busy -= 1
             if future.cancelled():
-                if not done.cancelled():
-                    done.exception()  # retrieved: nobody waits for it any more
                 return
-            if done.cancelled():
-                future.cancel()
-            elif (error := done.exception()) is not None:
+            if error is not None:
                 future.set_exception(error)
             else:
-                future.set_result(done.result())
+                future.set_result(result)
 
-        task.add_done_callback(settle)
+        def start() -> None:
+            bridge = _Bridge(func)
+            _drive(self, bridge, bridge.switch, args, done)
+
+        if self._executor_busy < self.EXECUTOR_THREADS:
+            self._executor_busy += 1
+            self.call_soon(start)
+        else:
+            self._executor_queue.append(start)
         return future
-
-    async def _in_executor(self, func: Callable[..., T], *args: Any) -> T:
-        if self._executor_slots is None:
-            self._executor_slots = asyncio.Semaphore(self.EXECUTOR_THREADS)
-        async with self._executor_slots:
-            return await run_blocking(func, *args)
 
     async def create_connection(  # type: ignore[override]
         self,
