@@ -312,9 +312,14 @@ class Reconciler:
                 self._dead.pop(session.key, None)
             return []
         seen.last_entries_seen_ms = now_ms
+        page: CheckpointPage | None = None
+        page_read = False
+        if any(not item.started for item in entries):
+            # Stopped while their owner died: their checkpoints are on its page.
+            page, page_read = await self._read_page(session), True
         for item in entries:
             if not item.started:
-                await self._call(self._store.clear_dead_owner, item, now_ms)
+                await self._call(self._store.clear_dead_owner, item, page, now_ms)
             elif item.problem is not None and not item.parked:
                 await self._park_seen(item, item.problem, now_ms)
         started = {
@@ -334,14 +339,8 @@ class Reconciler:
         )
         if not share:
             return []
-        page = await self._call(
-            functools.partial(
-                self._sessions.read_page,
-                session.worker_id,
-                session.session_gen,
-                report=self._report_malformed,
-            )
-        )
+        if not page_read:
+            page = await self._read_page(session)
         conflicts_before = self._store.takeover_conflicts
         try:
             taken = await self._owner.take_over_many([started[cid] for cid in share], session, page)
@@ -366,6 +365,16 @@ class Reconciler:
             },
         )
         return taken
+
+    async def _read_page(self, session: SessionItem) -> CheckpointPage | None:
+        return await self._call(
+            functools.partial(
+                self._sessions.read_page,
+                session.worker_id,
+                session.session_gen,
+                report=self._report_malformed,
+            )
+        )
 
     async def _park_seen(self, item: ConnectionItem, problem: str, now_ms: int) -> None:
         """A dead session's entry that cannot be run (an attribute of the wrong type,

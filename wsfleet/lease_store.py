@@ -165,7 +165,7 @@ class LeaseStore:
                     seen = failed.old
                     continue
                 if step is TakeoverStep.CLEAR and failed.old is not None:
-                    self.clear_dead_owner(failed.old, now_ms)
+                    self.clear_dead_owner(failed.old, page, now_ms)
                 return step
             if old is None:  # pragma: no cover - the condition requires an existing item
                 return TakeoverStep.GONE
@@ -276,12 +276,17 @@ class LeaseStore:
                     )
         return results
 
-    def clear_dead_owner(self, seen: ConnectionItem, now_ms: int) -> bool:
-        """Remove a DEAD session from a STOPPED connection; False when it changed."""
+    def clear_dead_owner(
+        self, seen: ConnectionItem, page: CheckpointPage | None, now_ms: int
+    ) -> bool:
+        """Remove a DEAD session from a STOPPED connection, keeping the checkpoint of
+        its page entry for a later start on the same stream; False when it changed."""
+        entry = None if page is None else page.entries.get(seen.connection_id)
+        resume = resume_seq(seen.lease_epoch, seen.seq_gen, seen.last_seq, entry)
         try:
             self._update(
                 seen.connection_id,
-                lease_rules.clear_owner_update(seen, now_ms),
+                lease_rules.clear_owner_update(seen, now_ms, resume),
                 return_values="NONE",
             )
         except ConditionFailedError:

@@ -464,6 +464,20 @@ def test_clear_owner_update_exactly():
     }
 
 
+def test_clear_owner_update_with_a_checkpoint_ahead_writes_it_on_the_stream_it_was_read_for():
+    update = clear_owner_update(conn(SEEN), NOW, resume=55)  # SEEN: last_seq 40
+    assert update.update_expression == (
+        "REMOVE #owner, #sgen, #okey, #token SET #updated = :now, #seq = :resume"
+    )
+    assert update.condition_expression == (
+        "#owner = :dead AND #sgen = :deadgen AND #state = :stopped"
+        " AND #seqgen = :seqgen AND #seq = :seq"
+    )
+    assert (update.values[":resume"], update.values[":seq"]) == (N(55), N(40))
+    # Not ahead of the item's own: nothing more than the plain clear.
+    assert clear_owner_update(conn(SEEN), NOW, resume=40) == clear_owner_update(conn(SEEN), NOW)
+
+
 @pytest.mark.parametrize(
     ("item", "cleared"),
     [
