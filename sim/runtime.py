@@ -338,12 +338,13 @@ class World:
                 self.current = None
                 continue
             if following is None or following > end:
-                self.now = end
+                self.now = max(now, end)
                 return
             # The clock ticks in milliseconds, as a scheduler's would: what falls due
             # within one runs together, so a run has a few instants per simulated
             # millisecond at most instead of one per timer.
-            self.now = max(now, following, math.ceil(following * TICKS) / TICKS)
+            # (Never past ``end``: the clock must not run back when the run stops.)
+            self.now = max(now, following, min(math.ceil(following * TICKS) / TICKS, end))
 
     def close(self) -> None:
         """Drop every process (what is still pending is abandoned, as at exit)."""
