@@ -358,17 +358,18 @@ class Worker:
         elif released.released:
             self.metrics.count(m.LEASES_RELEASED)
 
-    async def release_stray(self, seen: ConnectionItem) -> None:
+    async def release_stray(self, seen: ConnectionItem) -> bool:
         """Release a connection this session owns but does not run, with the final
         checkpoint of its unanswered release when there was one for that hold (park it
-        when its entry cannot be run: a release would compare what is malformed)."""
+        when its entry cannot be run: a release would compare what is malformed).
+        Whether a release landed (False for a park)."""
         cid = seen.connection_id
         kept = lease_rules.unanswered_checkpoint(self._unanswered.get(cid), seen)
         lease = lease_rules.lease_of_entry(seen, self.worker_id, seen.owner_session_gen or 0)
         self._released[cid] = _now()
         if lease.malformed is not None:
             await self._park_malformed(lease, lease.malformed)
-            return
+            return False
         loop = asyncio.get_running_loop()
         released = await loop.run_in_executor(
             None, self._store.release, lease, kept, self._wall_ms()
@@ -376,6 +377,7 @@ class Worker:
         self._unanswered.pop(cid, None)  # answered: released, or no longer ours
         if released.released:
             self.metrics.count(m.LEASES_RELEASED)
+        return released.released
 
     async def _park_malformed(self, lease: Lease, problem: str) -> None:
         """Park a connection this session holds whose item cannot be run, with the
