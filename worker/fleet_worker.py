@@ -624,12 +624,26 @@ class Worker:
             # Restarted (maybe with a new URL) while we held it, seen by the renew or
             # by the release: take it again at once with the new generation instead of
             # waiting for a reconcile (the router's start hint may already have been
-            # consumed as "already mine").
-            result = await self.acquire(connection_id)
+            # consumed as "already mine", or as held while this worker ran it).
+            # Not taken (the acquire raised, or was not tried: no session ready, no
+            # free slot), it would wait in the unowned index, its start hint spent: a
+            # hint brings it to whoever has a free slot. What an acquire that raised
+            # may have landed is the own-check's, on the next pass.
+            try:
+                result = await self.acquire(connection_id)
+            except Exception as error:
+                log.warning(
+                    "could not take a restarted connection again; hinting it",
+                    extra={"connection_id": connection_id, "error": repr(error)},
+                )
+                await self.send_reassign(connection_id)
+                return
             log.info(
                 "re-acquired after restart",
                 extra={"connection_id": connection_id, "result": result.value},
             )
+            if not result.settled:
+                await self.send_reassign(connection_id)
 
     async def send_reassign(self, connection_id: str) -> None:
         try:
