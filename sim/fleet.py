@@ -166,7 +166,9 @@ class WorkerProcess:
             tokens=tokens,
         )
         self.worker: Worker | None = None
-        self.stop: asyncio.Event | None = None
+        # Made now, not when the process first runs: a worker counts as room (and may
+        # be terminated) from the instant it starts.
+        self.stop = asyncio.Event()
         self.exited = False
         self.task = world.run_task(self.loop, self._main())
 
@@ -174,7 +176,6 @@ class WorkerProcess:
         return int((EPOCH + self.fleet.world.now + self.wall_offset) * 1000)
 
     async def _main(self) -> None:
-        self.stop = asyncio.Event()
         self.worker = Worker(self.config, self.deps)
         self.deps.metrics_out.truncate(0)  # type: ignore[union-attr]
         try:
@@ -198,8 +199,7 @@ class WorkerProcess:
         return not self.loop.crashed and not self.exited
 
     def terminate(self) -> None:
-        if self.stop is not None:
-            self.stop.set()
+        self.stop.set()
         self.fleet.capacity_changed()
 
     def crash(self) -> None:
@@ -359,7 +359,7 @@ class Fleet:
             self.short_since = None
 
     def alive(self) -> list[WorkerProcess]:
-        return [p for p in self.processes if p.alive and p.stop is not None and not p.stop.is_set()]
+        return [p for p in self.processes if p.alive and not p.stop.is_set()]
 
 
 def capture_logs(fleet: Fleet) -> logging.Handler:

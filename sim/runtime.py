@@ -255,6 +255,10 @@ class SimLoop(asyncio.BaseEventLoop):
         self._scheduled.clear()  # type: ignore[attr-defined]
 
 
+_DESTROYED_PENDING = "Task was destroyed but it is pending!"
+"""What asyncio reports of a pending task that is garbage collected."""
+
+
 def _name(func: Callable[..., Any]) -> str:
     return getattr(func, "__qualname__", None) or type(func).__name__
 
@@ -287,6 +291,10 @@ class World:
         loop.paused_until = max(loop.paused_until, self.now + seconds)
 
     def unhandled(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if getattr(loop, "crashed", False) and context.get("message") == _DESTROYED_PENDING:
+            # A task the crash left pending, collected later: the crash itself, not an
+            # error of the process (an error it had raised is still reported).
+            return
         name = getattr(loop, "name", "?")
         error = context.get("exception")
         future = context.get("future")

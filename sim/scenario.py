@@ -20,7 +20,7 @@ from wsfleet import schema
 
 START = 1_000.0
 """Virtual time at which a run starts (its wall clock: :data:`sim.fleet.EPOCH` + it)."""
-NEW_STREAMS_IN_FAILOVER = 0.0
+NEW_STREAMS_IN_FAILOVER = 0.5
 """How often a crash brings a burst of restarts on new streams during its failover."""
 TAIL = 30.0
 """Quiet seconds after the last fault heals: every STARTED connection streams again

@@ -358,17 +358,18 @@ class Worker:
         elif released.released:
             self.metrics.count(m.LEASES_RELEASED)
 
-    async def release_stray(self, seen: ConnectionItem) -> None:
+    async def release_stray(self, seen: ConnectionItem) -> bool:
         """Release a connection this session owns but does not run, with the final
         checkpoint of its unanswered release when there was one for that hold (park it
-        when its entry cannot be run: a release would compare what is malformed)."""
+        when its entry cannot be run: a release would compare what is malformed).
+        Whether a release landed (False for a park)."""
         cid = seen.connection_id
         kept = lease_rules.unanswered_checkpoint(self._unanswered.get(cid), seen)
         lease = lease_rules.lease_of_entry(seen, self.worker_id, seen.owner_session_gen or 0)
         self._released[cid] = _now()
         if lease.malformed is not None:
             await self._park_malformed(lease, lease.malformed)
-            return
+            return False
         loop = asyncio.get_running_loop()
         released = await loop.run_in_executor(
             None, self._store.release, lease, kept, self._wall_ms()
@@ -376,6 +377,7 @@ class Worker:
         self._unanswered.pop(cid, None)  # answered: released, or no longer ours
         if released.released:
             self.metrics.count(m.LEASES_RELEASED)
+        return released.released
 
     async def _park_malformed(self, lease: Lease, problem: str) -> None:
         """Park a connection this session holds whose item cannot be run, with the
@@ -622,12 +624,26 @@ class Worker:
             # Restarted (maybe with a new URL) while we held it, seen by the renew or
             # by the release: take it again at once with the new generation instead of
             # waiting for a reconcile (the router's start hint may already have been
-            # consumed as "already mine").
-            result = await self.acquire(connection_id)
+            # consumed as "already mine", or as held while this worker ran it).
+            # Not taken (the acquire raised, or was not tried: no session ready, no
+            # free slot), it would wait in the unowned index, its start hint spent: a
+            # hint brings it to whoever has a free slot. What an acquire that raised
+            # may have landed is the own-check's, on the next pass.
+            try:
+                result = await self.acquire(connection_id)
+            except Exception as error:
+                log.warning(
+                    "could not take a restarted connection again; hinting it",
+                    extra={"connection_id": connection_id, "error": repr(error)},
+                )
+                await self.send_reassign(connection_id)
+                return
             log.info(
                 "re-acquired after restart",
                 extra={"connection_id": connection_id, "result": result.value},
             )
+            if not result.settled:
+                await self.send_reassign(connection_id)
 
     async def send_reassign(self, connection_id: str) -> None:
         try:
@@ -819,9 +835,11 @@ class Worker:
         """Connections another worker released for this one: a balance move, taken up to
         this worker's fair share, or a drain, taken up to capacity like
         a dead session's (everything of a worker that shuts down must find a home).
-        A move beyond the share is declined and hinted on the start queue. Every offer
-        is acted on but one whose acquire raised (its outcome unknown: the next renew
-        returns the offer again, and the own-check looks at what may have landed)."""
+        A move beyond the share is declined and hinted on the start queue, and so is an
+        offer this worker could not even try (no free slot, no session ready, closing:
+        an unsettled result). Every offer is acted on but one whose acquire raised (its
+        outcome unknown: the next renew returns the offer again, and the own-check looks
+        at what may have landed)."""
         if not tokens:
             return set()
         drains = {t for t in tokens if session_rules.notice_kind(t) == session_rules.DRAIN}
@@ -845,6 +863,13 @@ class Worker:
                     "could not take an offered connection; the offer stays",
                     extra={"connection_id": cid, "error": repr(outcome)},
                 )
+        # Not tried (every slot reserved, by a takeover in flight say): dropped, the
+        # offer would leave the connection in the unowned index like a declined move.
+        declined += [
+            cid
+            for cid, outcome in zip(accepted, outcomes, strict=True)
+            if isinstance(outcome, AcquireResult) and not outcome.settled
+        ]
         # A move this worker does not take (its view of the loads says it is at its
         # share; the giver's said otherwise) would wait in the unowned index, where
         # every worker at or above its share leaves it too: a hint hands it to whoever

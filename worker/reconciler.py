@@ -14,8 +14,9 @@ it was not renewed, one pass over the table:
 2. **Own connections** (every four passes, and on the pass after a write whose outcome
    is unknown). Compare this session's ``by-owner`` entries with what the worker runs,
    and release the difference (an acquire whose reply was lost must not leave a
-   connection held by a live session and run by nobody); an entry stopped or started
-   again under a runner that got no notice of it is read and acted on.
+   connection held by a live session and run by nobody), with a ``reassign`` hint for
+   each STARTED one released; an entry stopped or started again under a runner that
+   got no notice of it is read and acted on.
 3. **Free connections.** Query two shards of the sparse ``unowned`` index in rotation (every one
    of them while another worker drains) and try to acquire what they hold, in random
    order, up to the worker's room; with balancing on, only what an earlier scan
@@ -96,7 +97,10 @@ class Owner(Protocol):
         self, seen: list[ConnectionItem], session: SessionItem, page: CheckpointPage | None
     ) -> list[str]: ...
 
-    async def release_stray(self, seen: ConnectionItem) -> None: ...
+    async def release_stray(self, seen: ConnectionItem) -> bool:
+        """Release a connection this session holds and does not run; whether the
+        release landed."""
+        ...
 
     async def recheck_changed(self, seen: list[ConnectionItem]) -> None: ...
 
@@ -413,7 +417,11 @@ class Reconciler:
                 "owned by this session but not running: releasing it",
                 extra={"connection_id": cid, "epoch": item.lease_epoch},
             )
-            await self._owner.release_stray(item)
+            if await self._owner.release_stray(item) and item.started:
+                # Back in the unowned index, where every worker at or above its share
+                # leaves it (and this one does not take back what it just released):
+                # a hint hands it to whoever has a free slot now.
+                await self._owner.send_reassign(cid)
 
     async def _own_entries(self, gen: int) -> list[ConnectionItem]:
         """The ``by-owner`` entries of this worker's session ``gen``, :data:`OWN_PAGE`

@@ -460,10 +460,15 @@ def release_update(
 
 class ReleaseOutcome(enum.Enum):
     NOT_HELD = "not_held"
-    """Another owner or epoch, or no item: nothing of ours to release."""
+    """Another owner or epoch, parked, or no item: nothing of ours to release."""
     RETRY = "retry"
     """Still ours, but the desired state or the checkpoint's ``seq_gen`` differ from
     what the write assumed: write again with :func:`release_retry`'s variant."""
+    LANDED = "landed"
+    """Nobody's, not parked, under this hold's own epoch: a release of this hold has
+    already landed (an earlier try whose answer was lost). Only the hold itself frees
+    the item without adding to its epoch (an acquire or takeover adds one), apart from
+    the sweep clearing a stopped one under a dead session: free either way."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -473,6 +478,8 @@ class ReleaseVariant:
 
 
 def release_failure(old: ConnectionItem | None, lease: Lease) -> ReleaseOutcome:
+    if old is not None and old.lease_owner is None and old.lease_epoch == lease.epoch:
+        return ReleaseOutcome.NOT_HELD if old.parked else ReleaseOutcome.LANDED
     if old is None or old.lease_owner != lease.owner or old.lease_epoch != lease.epoch:
         return ReleaseOutcome.NOT_HELD
     return ReleaseOutcome.RETRY

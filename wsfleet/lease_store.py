@@ -321,11 +321,18 @@ class LeaseStore:
                 old = self._update(lease.connection_id, update, return_values="ALL_OLD")
             except ConditionFailedError as failed:
                 old = failed.old
-                if (
-                    old is None
-                    or lease_rules.release_failure(old, lease) is ReleaseOutcome.NOT_HELD
-                ):
+                outcome = lease_rules.release_failure(old, lease)
+                if old is None or outcome is ReleaseOutcome.NOT_HELD:
                     break
+                if outcome is ReleaseOutcome.LANDED:
+                    # An earlier try landed, its answer lost: released, with this
+                    # release's checkpoint when the item holds it.
+                    checkpointed = (
+                        last_seq is not None
+                        and lease_rules.same_stream(old, lease)
+                        and old.last_seq == last_seq
+                    )
+                    return Released.of(old, lease, checkpointed=checkpointed)
                 variant = lease_rules.release_retry(old, lease, variant.with_checkpoint)
                 continue
             return Released.of(old, lease, checkpointed=variant.with_checkpoint)

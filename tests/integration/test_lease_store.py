@@ -502,6 +502,35 @@ def test_release_after_restart_with_the_same_url_keeps_the_final_checkpoint(stor
     assert (again.last_seq, again.start_gen) == (15, 2)
 
 
+def test_a_release_retried_after_its_answer_was_lost_counts_as_released(store, control, read):
+    """The first write lands and its answer is lost (a timeout; the SDK, or the
+    release budget, tries again): the retry finds the item free under the lease's own
+    epoch, which only this hold's release leaves. Counted as not released, the worker
+    neither took a restarted connection again nor offered or hinted it, and it waited
+    in the unowned index (found by the simulator, seed 50)."""
+    control.start("c", URL, T0)
+    lease = won(store.acquire("c", "w1", GEN, T0))
+    control.stop("c", T0 + 1_000)
+    assert control.start("c", "wss://feed.example/b", T0 + 1_500).outcome is (
+        StartOutcome.RESTARTED
+    )
+    assert store.release(lease, 36, T0 + 2_000).released  # landed; its answer lost
+    assert store.release(lease, 36, T0 + 2_100) == Released(
+        released=True, restarted=True, checkpointed=False
+    )
+    item = item_of(read, "c")
+    assert (item.lease_owner, item.lease_epoch, item.last_seq) == (None, 1, 0)
+    # Same stream: the checkpoint the first try left is this release's.
+    lease = won(store.acquire("c", "w1", GEN, T0 + 3_000))
+    assert store.release(lease, 12, T0 + 4_000).released
+    assert store.release(lease, 12, T0 + 4_100) == Released(
+        released=True, restarted=False, checkpointed=True
+    )
+    # Taken by another since: nothing of this hold's is left.
+    won(store.acquire("c", "w2", GEN, T0 + 5_000))
+    assert store.release(lease, 12, T0 + 5_100) == NOT_RELEASED
+
+
 def test_a_late_release_of_an_older_epoch_of_the_same_worker_frees_nothing(store, control, read):
     """w1's first session was reaped and w1 took the connection over under its next
     session (epoch 2). The release of epoch 1 arrives late: epoch 2 stays held."""

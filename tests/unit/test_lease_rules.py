@@ -630,7 +630,12 @@ def test_a_released_connection_can_be_acquired_again_at_once():
         (None, ReleaseOutcome.NOT_HELD),
         (owned(DEAD, DEAD_GEN), ReleaseOutcome.NOT_HELD),
         (owned(DEAD, DEAD_GEN, lease_epoch=3), ReleaseOutcome.NOT_HELD),  # my epoch, not me
-        (raw(), ReleaseOutcome.NOT_HELD),  # released already (an earlier try landed)
+        # Free under this hold's epoch: an earlier try landed, its answer lost.
+        (raw(), ReleaseOutcome.LANDED),
+        (free(), ReleaseOutcome.LANDED),
+        (raw(desired_state=schema.STOPPED), ReleaseOutcome.LANDED),
+        (raw(lease_epoch=4), ReleaseOutcome.NOT_HELD),  # taken and released since
+        (raw(parked_reason="HTTP 404", parked_at_ms=NOW), ReleaseOutcome.NOT_HELD),
         (owned(ME, GEN, lease_epoch=4), ReleaseOutcome.NOT_HELD),
         (owned(ME, GEN, lease_epoch=2), ReleaseOutcome.NOT_HELD),
         (owned(ME, GEN, desired_state=schema.STOPPED), ReleaseOutcome.RETRY),
