@@ -287,6 +287,12 @@ class Monitor:
         if call is not None:
             call.uncancellable = True
 
+    def run_by(self, worker: str) -> list[str]:
+        """The STARTED connections ``worker`` delivered last, sorted."""
+        return sorted(
+            cid for cid, c in self._connections.items() if c.started and c.last_worker == worker
+        )
+
     def calls_in_flight(self, worker: str) -> int:
         return sum(1 for c in self._connections.values() if worker in c.calls)
 

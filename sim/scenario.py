@@ -160,13 +160,60 @@ class Schedule:
     # Workers
 
     def crash(self, at: float) -> None:
-        self._on_worker(at, "crash", lambda p: p.crash(), excuse=0.0)
+        burst = self.rng.random() < NEW_STREAMS_IN_FAILOVER
+        later, share = self.rng.uniform(2.0, 3.5), self.rng.uniform(0.2, 1.0)
+        fleet = self.fleet
+
+        def act(process: WorkerProcess) -> None:
+            process.crash()
+            if not burst:
+                return
+            # Restarts on new streams of the crashed worker's connections while they
+            # are being taken over (the reap comes about a lease later), and takers
+            # that stop for a moment after a takeover's transaction leaves: a restart
+            # may land between a takeover's write and its read of the items.
+            now = fleet.world.now
+            fleet.world.at(now + later, lambda: self._restart_theirs(process.name, share))
+            for taker in fleet.alive():
+                self._pause_after(taker, {"transact_write_items"}, 0.5, now, now + 8.0)
+
+        self._on_worker(at, "crash", act, excuse=0.0)
         self._replace_later(at)
-        if self.rng.random() < NEW_STREAMS_IN_FAILOVER:
-            # Restarts on new streams while the crashed session's connections are
-            # being taken over (its reap comes about a lease later): a takeover and a
-            # restart may interleave between the takeover's write and its read.
-            self.router_burst(at + self.rng.uniform(2.0, 3.5), new_stream=True)
+
+    def _restart_theirs(self, worker: str, share: float) -> None:
+        fleet = self.fleet
+        ids = [c for c in fleet.monitor.run_by(worker) if fleet.rng.random() < share]
+        fleet.monitor.event(f"fault: {len(ids)} of {worker}'s connections restarted on new streams")
+        for connection_id in ids:
+            fleet.router.start(connection_id, new_stream=True)
+
+    def _pause_after(
+        self, process: WorkerProcess, writes: set[str], p: float, start: float, end: float
+    ) -> None:
+        """From ``start`` to ``end``, now and then, the process stops just after one of
+        ``writes`` leaves: the write lands while it is stopped, its answer waits."""
+        fleet, rng = self.fleet, self.fleet.rng
+        if process.link.after_send is not None:
+            return
+
+        def after_send(operation: str) -> None:
+            if operation in writes and fleet.world.now < end and rng.random() < p:
+                stop_for = rng.uniform(1.0, 6.0)
+                monitor, now = fleet.monitor, fleet.world.now
+                monitor.note(f"{process.name} paused {stop_for:.2f}s after {operation}")
+                # As a drawn pause: excused, and a disturbance.
+                monitor.excuse(now, now + stop_for)
+                monitor.disturbance(now, now + stop_for)
+                monitor.worker_disturbed(process.name, now, now + stop_for)
+                fleet.pause(process, stop_for)
+
+        process.link.after_send = after_send
+
+        def undo() -> None:
+            if process.link.after_send is after_send:
+                process.link.after_send = None
+
+        fleet.world.at(max(start, end), undo)
 
     def sigterm(self, at: float) -> None:
         self._on_worker(at, "sigterm", lambda p: p.terminate(), excuse=0.0)
