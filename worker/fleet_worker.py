@@ -533,12 +533,17 @@ class Worker:
         batch = asyncio.create_task(self._attempt_many(chosen, gen, attempt), name="take-over")
         for item in chosen:
             self._acquiring[item.connection_id] = batch
-        try:
-            return await asyncio.shield(batch)
-        finally:
+
+        def settled(_: asyncio.Task[list[str]]) -> None:
+            # When the batch ends, not when its caller does: a caller cancelled at
+            # shutdown leaves the batch running, and the shutdown waits for it (its
+            # won leases get runners, stopped and released, and its slots come back).
             for item in chosen:
                 if self._acquiring.get(item.connection_id) is batch:
                     del self._acquiring[item.connection_id]
+
+        batch.add_done_callback(settled)
+        return await asyncio.shield(batch)
 
     async def _attempt_many(
         self,
