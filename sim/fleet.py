@@ -50,7 +50,7 @@ class Shape:
     faults: int
     batch: bool
     """The handler takes batches (``handle_batch``)."""
-    ping_interval: float | None
+    ping_interval: float | None = None
     """``PING_INTERVAL_SECONDS`` if not the default."""
 
     @classmethod

@@ -357,6 +357,10 @@ class Worker:
             self._suspect(lease.session_gen)
         elif released.released:
             self.metrics.count(m.LEASES_RELEASED)
+            # Free in the unowned index alone, it would wait there: every worker at
+            # or above its share leaves what it finds there, and this one does not
+            # take back what it just released. A hint hands it to whoever has room.
+            await self.send_reassign(lease.connection_id)
 
     async def release_stray(self, seen: ConnectionItem) -> bool:
         """Release a connection this session owns but does not run, with the final
