@@ -17,7 +17,7 @@ from sim.__main__ import OPEN_FINDINGS, seeds_in
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = int(os.environ.get("SIM_SEEDS", "8"))
 """Seeds of the short run (``SIM_SEEDS``), for pytest on its own; the test command runs
-500 beside pytest (scripts/test.sh)."""
+120 beside pytest (scripts/test.sh)."""
 
 
 def run(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> dict[str, object]:
