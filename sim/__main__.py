@@ -17,8 +17,9 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
+
+from sim.runs import SeedReport, run_one
 
 REGRESSIONS = Path(__file__).with_name("regressions.txt")
 """Seeds that once found a fault: every CI run includes them."""
@@ -37,40 +38,6 @@ def seeds_in(path: Path) -> list[int]:
 
 def regression_seeds() -> list[int]:
     return seeds_in(REGRESSIONS)
-
-
-@dataclass(frozen=True)
-class SeedReport:
-    """One seed's run, as the parent process gets it."""
-
-    seed: int
-    violations: list[str]
-    simulated_seconds: float
-    deliveries: int
-    zombie_overlaps: int
-    faults: list[str]
-    trace_hash: str
-    shape: str
-    cpu_seconds: float
-
-
-def _run_one(arguments: tuple[int, float, int]) -> SeedReport:
-    from sim.scenario import run_seed
-
-    seed, duration, faults = arguments
-    started = time.process_time()
-    result = run_seed(seed, duration=duration, faults=faults)
-    return SeedReport(
-        seed=seed,
-        violations=[v.render(seed) for v in result.violations],
-        simulated_seconds=result.simulated_seconds,
-        deliveries=result.deliveries,
-        zombie_overlaps=result.zombie_overlaps,
-        faults=result.faults,
-        trace_hash=result.trace_hash,
-        shape=str(result.shape),
-        cpu_seconds=time.process_time() - started,
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,12 +67,18 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     results: list[SeedReport] = []
     if args.jobs > 1 and len(work) > 1:
-        with ProcessPoolExecutor(args.jobs) as pool:
-            for result in pool.map(_run_one, work, chunksize=1):
-                results.append(_report(result, args.verbose))
+        # Fresh processes for every 25 seeds each: a process that ran hundreds of
+        # seeds had grown by about 8 MB a seed (something of each run outlives it),
+        # which a soak of any length must not. (Not max_tasks_per_child: its pools
+        # hang on Python 3.11.)
+        step = 25 * args.jobs
+        for start in range(0, len(work), step):
+            with ProcessPoolExecutor(args.jobs) as pool:
+                for result in pool.map(run_one, work[start : start + step], chunksize=1):
+                    results.append(_report(result, args.verbose))
     else:
         for item in work:
-            results.append(_report(_run_one(item), args.verbose))
+            results.append(_report(run_one(item), args.verbose))
     violations = sum(len(r.violations) for r in results)
     simulated = sum(r.simulated_seconds for r in results)
     cpu = sum(r.cpu_seconds for r in results)

@@ -84,22 +84,25 @@ class Caller:
 
     def call(self, operation: str, apply: Callable[[float], Any]) -> Any:
         """From blocking code: make the request, with retries."""
-        return await_only(self._call(operation, apply))
-
-    async def _call(self, operation: str, apply: Callable[[float], Any]) -> Any:
         rng = self.link.world.rng
         attempt = 0
         while True:
             try:
-                return await self._attempt(operation, apply)
+                return self._attempt(operation, apply)
             except (ClientError, ReadTimeoutError, EndpointConnectionError) as error:
                 attempt += 1
                 if attempt >= self.retries.attempts or not _retryable(error):
                     raise
                 base = 1.0 if _throttled(error) else 0.05
-                await asyncio.sleep(rng.random() * min(base * 2**attempt, 20.0))
+                self._sleep(rng.random() * min(base * 2**attempt, 20.0))
 
-    async def _attempt(self, operation: str, apply: Callable[[float], Any]) -> Any:
+    def _sleep(self, seconds: float) -> None:
+        loop = self.loop
+        woken: asyncio.Future[None] = loop.create_future()
+        loop.call_at(self.link.world.now + seconds, _settle, woken, None, None)
+        await_only(woken)
+
+    def _attempt(self, operation: str, apply: Callable[[float], Any]) -> Any:
         link, world, loop = self.link, self.link.world, self.loop
         rng = world.rng
         reply: asyncio.Future[Any] = loop.create_future()
@@ -129,11 +132,18 @@ class Caller:
             world.at(world.now + there, arrive)
         if link.after_send is not None:
             link.after_send(operation)
+        # The client's read timeout: the attempt fails unless the reply came first.
+        timeout = loop.call_at(
+            world.now + self.retries.attempt_timeout,
+            _settle,
+            reply,
+            None,
+            ReadTimeoutError(endpoint_url=ENDPOINT),
+        )
         try:
-            async with asyncio.timeout(self.retries.attempt_timeout):
-                return await reply
-        except TimeoutError:
-            raise ReadTimeoutError(endpoint_url=ENDPOINT) from None
+            return await_only(reply)
+        finally:
+            timeout.cancel()
 
 
 def _settle(reply: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

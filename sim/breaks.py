@@ -51,6 +51,20 @@ BREAKS: tuple[Break, ...] = (
         ),
     ),
     Break(
+        "F3",
+        "one session item that does not decode stops every reconcile pass",
+        (
+            (
+                "wsfleet/session_store.py",
+                "                    try:\n"
+                "                        sessions.append(SessionItem.from_dynamodb(raw))\n"
+                "                    except MalformedItemError as error:\n"
+                "                        report(error)\n",
+                "                    sessions.append(SessionItem.from_dynamodb(raw))\n",
+            ),
+        ),
+    ),
+    Break(
         "F4",
         "a renew attempt is abandoned after a third of a heartbeat, and a session that"
         " cannot be proven is never given up",
@@ -61,6 +75,52 @@ BREAKS: tuple[Break, ...] = (
                 "    per_attempt = max(0.2, timing.heartbeat / 3)\n",
             ),
             ("worker/renew_plan.py", "        if now >= self.give_up_at:\n", "        if False:\n"),
+        ),
+    ),
+    Break(
+        "F5",
+        "a reap records no takeover plan: the old rules, where the survivors wait a"
+        " heartbeat and race the reaper's stale room",
+        (
+            (
+                "wsfleet/session_rules.py",
+                "    if not takers:\n        return update\n",
+                "    return update\n",
+            ),
+        ),
+    ),
+    Break(
+        "F6",
+        "a release that got no answer leaves its final checkpoint nowhere: the own-check"
+        " releases the stray with the checkpoint the listing had",
+        (
+            (
+                "wsfleet/lease_rules.py",
+                "        return seen.last_seq\n    return max(seen.last_seq, kept.seq)\n",
+                "        return seen.last_seq\n    return seen.last_seq\n",
+            ),
+            (
+                "worker/checkpoint_pages.py",
+                "        for cid, entry in self._holdings.unanswered.items():\n"
+                "            entries.setdefault(cid, entry)\n",
+                "",
+            ),
+        ),
+    ),
+    Break(
+        "F8",
+        "the connections a burst of stops names are read one at a time",
+        (
+            (
+                "worker/notices.py",
+                "            items = await loop.run_in_executor("
+                "None, self._store.get_many, running)\n",
+                "            items = {}\n"
+                "            for one in running:\n"
+                "                got = await loop.run_in_executor(None, self._store.get, one)\n"
+                "                if got is not None:\n"
+                "                    items[one] = got\n",
+            ),
         ),
     ),
     Break(
@@ -90,6 +150,29 @@ BREAKS: tuple[Break, ...] = (
         "epoch clause dropped from a takeover",
         "a takeover is not conditioned on the epoch it read",
         (("wsfleet/lease_rules.py", '            ("#epoch", seen.lease_epoch),\n', ""),),
+    ),
+    Break(
+        "renew of a reaped session passes",
+        "a session's renew is not conditioned on its being ALIVE: a reaped worker goes on",
+        (
+            (
+                "wsfleet/session_rules.py",
+                'condition_expression="#state = :alive AND NOT #expires > :expires",',
+                'condition_expression="NOT #expires > :expires",',
+            ),
+        ),
+    ),
+    Break(
+        "takeover without the dead owner's clause",
+        "a takeover decided on a listing does not check the owner is still the dead session",
+        (
+            (
+                "wsfleet/lease_rules.py",
+                'f"#owner = :dead AND #sgen = :deadgen AND #state = :started AND {read}"',
+                'f"(#owner = :dead OR attribute_exists(#owner)) AND (#sgen = :deadgen OR'
+                ' attribute_exists(#sgen)) AND #state = :started AND {read}"',
+            ),
+        ),
     ),
     Break(
         "reap without the skew term",

@@ -24,7 +24,7 @@ from sim.network import Network
 from sim.runtime import SimLoop, SimThreads, World, install_asyncgen_hooks
 from worker import aws_clients
 from worker.__main__ import AWS_THREADS
-from worker.config import WorkerConfig
+from worker.config import DEFAULT_PING_TIMEOUT, WorkerConfig
 from worker.delivery import Delivery
 from worker.fleet_worker import Worker, WorkerDeps
 from worker.upstream_protocol import load_protocol
@@ -50,18 +50,37 @@ class Shape:
     faults: int
     batch: bool
     """The handler takes batches (``handle_batch``)."""
+    ping_interval: float | None = None
+    """``PING_INTERVAL_SECONDS`` if not the default."""
 
     @classmethod
     def draw(cls, rng: random.Random, *, duration: float, faults: int) -> Shape:
         workers = rng.randint(3, 8)
-        connections = rng.randint(20, 300)
+        # Log-uniform: small fleets are cheap and many, every size is drawn often.
+        connections = round(math.exp(rng.uniform(math.log(20), math.log(300))))
         # Room for everything even with two workers gone, and some seeds with little
         # to spare (full workers, the start queue handing messages back).
         spare = rng.choice((1.2, 1.5, 2.5))
         max_connections = max(8, math.ceil(connections * spare / max(workers - 2, 1)))
         rate = min(1.0, round(rng.uniform(30, 90) / connections, 3))
         batch = rng.random() < 0.3
-        return cls(workers, connections, rate, max_connections, duration, faults, batch)
+        # The keepalive is a setting users change; a ping a second per connection is
+        # also most of a run's events, so the default is one draw of three.
+        ping_interval = rng.choice((None, 5.0, 20.0))
+        return cls(
+            workers, connections, rate, max_connections, duration, faults, batch, ping_interval
+        )
+
+    def silence_noticed_within(self, timing: LeaseTiming) -> float:
+        """A silent upstream is left within a ping interval and the pong's timeout."""
+        interval = self.ping_interval or max(timing.heartbeat, 1.0)
+        return interval + DEFAULT_PING_TIMEOUT
+
+    def worker_settings(self) -> dict[str, str]:
+        settings = {"MAX_CONNECTIONS": str(self.max_connections)}
+        if self.ping_interval is not None:
+            settings["PING_INTERVAL_SECONDS"] = str(self.ping_interval)
+        return settings
 
 
 def token_source(rng: random.Random) -> Callable[[int], str]:
@@ -91,6 +110,8 @@ class SimHandler:
         try:
             misbehaviour = process.misbehaviour
             if misbehaviour is not None and fleet.rng.random() < 0.3:
+                if getattr(misbehaviour, "ignores_cancellation", False):
+                    fleet.monitor.ignores_cancellation(process.name, cid)
                 await misbehaviour(fleet.rng)
             returned = True
         finally:
@@ -116,8 +137,8 @@ class WorkerProcess:
             "TABLE_NAME": TABLE,
             "QUEUE_URL": QUEUE_URL,
             "WORKER_ID": name,
-            "MAX_CONNECTIONS": str(fleet.shape.max_connections),
             "METRICS_INTERVAL_SECONDS": "3600",
+            **fleet.shape.worker_settings(),
         }
         self.config = WorkerConfig.from_env(env)
         # The production clients' timeouts and attempts (worker.aws_clients).
@@ -145,7 +166,9 @@ class WorkerProcess:
             tokens=tokens,
         )
         self.worker: Worker | None = None
-        self.stop: asyncio.Event | None = None
+        # Made now, not when the process first runs: a worker counts as room (and may
+        # be terminated) from the instant it starts.
+        self.stop = asyncio.Event()
         self.exited = False
         self.task = world.run_task(self.loop, self._main())
 
@@ -153,13 +176,21 @@ class WorkerProcess:
         return int((EPOCH + self.fleet.world.now + self.wall_offset) * 1000)
 
     async def _main(self) -> None:
-        self.stop = asyncio.Event()
         self.worker = Worker(self.config, self.deps)
         self.deps.metrics_out.truncate(0)  # type: ignore[union-attr]
         try:
             await self.worker.run(self.stop)
         except Exception as error:
             self.fleet.monitor.violated(5, f"{self.name} exited with {error!r}")
+        else:
+            # Every exit, mid-run drains included: each slot given back, but those of
+            # handler calls that would not end (a handler that ignores cancellation
+            # holds its slot; the process exits without it).
+            free, slots = self.worker.capacity.free, self.config.max_connections
+            if free + self.fleet.monitor.calls_in_flight(self.name) < slots:
+                self.fleet.monitor.violated(
+                    5, f"{self.name} exited with {free} of {slots} slots free"
+                )
         finally:
             self.exited = True
 
@@ -168,8 +199,7 @@ class WorkerProcess:
         return not self.loop.crashed and not self.exited
 
     def terminate(self) -> None:
-        if self.stop is not None:
-            self.stop.set()
+        self.stop.set()
         self.fleet.capacity_changed()
 
     def crash(self) -> None:
@@ -280,6 +310,8 @@ class Fleet:
             stop_bound=self.timing.heartbeat + 1.0,
             # The bound, a message interval of the feed, and a second to connect.
             dark_bound=self.timing.crash_failover_bound() + 1.0 / self.shape.rate + 1.0,
+            # A page is written every checkpoint interval; two seconds for its write.
+            checkpoint_bound=self.timing.checkpoint + 2.0,
         )
         self.feeds = upstreams.Feeds(self.world.loop("upstreams"), self.network)
         self.router = Router(self)
@@ -287,6 +319,8 @@ class Fleet:
         self._names = 0
         self.short_since: float | None = None
         self.last_fault_end = 0.0
+        self.malformed: list[str] = []
+        """Connection items put malformed (the fault of that name)."""
 
     def new_link(self) -> Link:
         rng = self.rng
@@ -325,7 +359,7 @@ class Fleet:
             self.short_since = None
 
     def alive(self) -> list[WorkerProcess]:
-        return [p for p in self.processes if p.alive and p.stop is not None and not p.stop.is_set()]
+        return [p for p in self.processes if p.alive and not p.stop.is_set()]
 
 
 def capture_logs(fleet: Fleet) -> logging.Handler:

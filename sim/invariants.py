@@ -20,6 +20,12 @@
 4. A stop ends delivery within the stop bound, unless a fault (any, slow DynamoDB
    included) disturbed the fleet in between.
 5. No unhandled exception, no capacity slot leaked, no worker exits with an error.
+6. A new hold redelivers only what its predecessor could not checkpoint: a seq handled
+   under one epoch and delivered again under another was handled at most a checkpoint
+   interval (and a margin) before its handler's process was disturbed (a fault aimed
+   at it, a pause, a crash, or stale reads everywhere). An undisturbed holder's
+   checkpoint page covers it, and a release writes the final checkpoint, answered or
+   not (docs/DESIGN.md §3.3).
 
 Each violation carries the simulated time and the trail of events before it.
 """
@@ -52,6 +58,8 @@ class _Call:
     first: int
     seq: int
     started: float
+    uncancellable: bool = False
+    """The handler ignores cancellation: no fence can end this call."""
 
 
 @dataclass
@@ -68,15 +76,22 @@ class _Connection:
     last_delivery: float | None = None
     last_worker: str | None = None
     deliveries: int = 0
+    first_handled: dict[str, dict[int, tuple[float, str, int]]] = field(default_factory=dict)
+    """By stream and seq: when its first handling call started, the worker, the epoch."""
 
 
 class Monitor:
     TRAIL = 40
 
-    def __init__(self, clock: object, *, stop_bound: float, dark_bound: float) -> None:
+    def __init__(
+        self, clock: object, *, stop_bound: float, dark_bound: float, checkpoint_bound: float
+    ) -> None:
         self._clock = clock
         self._stop_bound = stop_bound
         self._dark_bound = dark_bound
+        self._checkpoint_bound = checkpoint_bound
+        self._worker_faults: dict[str | None, list[tuple[float, float]]] = {}
+        self._crashed_at: dict[str, float] = {}
         self._excuses: list[tuple[float, float, str | None, str | None]] = []
         self._disturbances: list[tuple[float, float]] = []
         self._pauses: dict[str, list[tuple[float, float]]] = {}
@@ -148,6 +163,7 @@ class Monitor:
 
     def crashed(self, worker: str) -> None:
         """A dead process handles nothing: its calls in flight end with it."""
+        self._crashed_at.setdefault(worker, self.now())
         for connection in self._connections.values():
             connection.calls.pop(worker, None)
         self.event(f"{worker} crashed")
@@ -157,6 +173,22 @@ class Monitor:
 
     def _paused_since(self, worker: str, since: float) -> bool:
         return any(end > since for _, end in self._pauses.get(worker, ()))
+
+    def worker_disturbed(self, worker: str | None, start: float, end: float) -> None:
+        """A fault aimed at one process (None: at every one) from ``start`` to ``end``:
+        its checkpoints may lag (invariant 6)."""
+        self._worker_faults.setdefault(worker, []).append((start, end))
+
+    def _undisturbed(self, worker: str, start: float, end: float) -> bool:
+        crashed = self._crashed_at.get(worker)
+        if crashed is not None and crashed <= end:
+            return False
+        windows = [
+            *self._worker_faults.get(worker, ()),
+            *self._worker_faults.get(None, ()),
+            *self._pauses.get(worker, ()),
+        ]
+        return not any(a <= end and b >= start for a, b in windows)
 
     def disturbance(self, start: float, end: float) -> None:
         """A fault from ``start`` to ``end``: the stop bound does not hold across it."""
@@ -201,6 +233,12 @@ class Monitor:
             if other != worker and self._paused_since(other, call.started):
                 self.zombie_overlaps += 1
                 self._keep(f"{now:10.3f} zombie: {other} paused in a call", connection_id)
+            elif other != worker and call.uncancellable:
+                self.zombie_overlaps += 1
+                self._keep(
+                    f"{now:10.3f} zombie: {other} in a call that ignores cancellation",
+                    connection_id,
+                )
             elif other != worker:
                 self._violated(
                     connection_id,
@@ -226,6 +264,8 @@ class Monitor:
                     f"{connection_id} ({stream}): {worker} called with seq {first} when"
                     f" only seqs up to {handled} were handled",
                 )
+            elif first <= handled:
+                self._check_redelivery(connection_id, worker, epoch, stream, first, handled)
         stopped = connection.stopped_at
         if (
             stopped is not None
@@ -240,11 +280,49 @@ class Monitor:
             )
         connection.calls[worker] = _Call(worker, epoch, stream, first, seq, now)
 
+    def ignores_cancellation(self, worker: str, connection_id: str) -> None:
+        """The call in flight will not end when cancelled (a handler's bug the fleet
+        cannot fence: only the epoch on each delivery can, docs/DESIGN.md §3.8)."""
+        call = self._connection(connection_id).calls.get(worker)
+        if call is not None:
+            call.uncancellable = True
+
+    def run_by(self, worker: str) -> list[str]:
+        """The STARTED connections ``worker`` delivered last, sorted."""
+        return sorted(
+            cid for cid, c in self._connections.items() if c.started and c.last_worker == worker
+        )
+
+    def calls_in_flight(self, worker: str) -> int:
+        return sum(1 for c in self._connections.values() if worker in c.calls)
+
+    def _check_redelivery(
+        self, connection_id: str, worker: str, epoch: int, stream: str, first: int, handled: int
+    ) -> None:
+        seen = self._connection(connection_id).first_handled.get(stream, {}).get(first)
+        if seen is None:
+            return
+        handled_at, by, by_epoch = seen
+        covered_by = handled_at + self._checkpoint_bound
+        if by_epoch == epoch or self.now() <= covered_by:
+            return  # the same hold retrying, or too recent for any checkpoint
+        if self._undisturbed(by, handled_at, covered_by):
+            self._violated(
+                connection_id,
+                6,
+                f"{connection_id} ({stream}): {worker} (epoch {epoch}) redelivers seqs"
+                f" {first}..{handled}; {by} (epoch {by_epoch}) handled seq {first} at"
+                f" t={handled_at:.3f} and was undisturbed for a checkpoint interval after",
+            )
+
     def call_ended(self, worker: str, connection_id: str, *, returned: bool) -> None:
         connection = self._connection(connection_id)
         call = connection.calls.pop(worker, None)
         if call is None or not returned or not call.stream:
             return
+        seen = connection.first_handled.setdefault(call.stream, {})
+        for seq in range(call.first, call.seq + 1):
+            seen.setdefault(seq, (call.started, worker, call.epoch))
         if call.first <= connection.handled.get(call.stream, 0) + 1:
             connection.handled[call.stream] = max(connection.handled.get(call.stream, 0), call.seq)
 

@@ -34,20 +34,27 @@ def apply(target: Path, fault: Break) -> None:
 
 
 def find(fault: Break, seeds: int, first_seed: int, jobs: int) -> dict[str, object]:
-    """Run seeds on the broken copy in batches of ``jobs`` until one finds it."""
-    with tempfile.TemporaryDirectory(prefix="sim-recall-") as folder:
-        target = Path(folder)
+    """Run seeds on the broken copy, a batch at a time, until one finds it."""
+    with (
+        tempfile.TemporaryDirectory(prefix="sim-recall-") as folder,
+        tempfile.TemporaryDirectory(prefix="sim-baseline-") as unbroken,
+    ):
+        target, baseline = Path(folder), Path(unbroken)
         for package in PACKAGES:
-            shutil.copytree(
-                ROOT / package, target / package, ignore=shutil.ignore_patterns("__pycache__")
-            )
+            # The unbroken code as it was when the break was put in: a seed is
+            # compared with the same code, whatever changes in the tree meanwhile.
+            for copy in (target, baseline):
+                shutil.copytree(
+                    ROOT / package, copy / package, ignore=shutil.ignore_patterns("__pycache__")
+                )
         apply(target, fault)
         started = time.monotonic()
         env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(target)}
         seed = first_seed
         baseline_failures: list[int] = []
         while seed < first_seed + seeds:
-            batch = min(jobs, first_seed + seeds - seed)
+            # Four seeds a process: fewer starts; the lowest failing seed still counts.
+            batch = min(4 * jobs, first_seed + seeds - seed)
             done = subprocess.run(
                 [
                     sys.executable,
@@ -72,7 +79,7 @@ def find(fault: Break, seeds: int, first_seed: int, jobs: int) -> dict[str, obje
             for found_by in sorted(summary["failing_seeds"]):
                 # Found only if the unbroken code passes that seed: a seed that fails
                 # anyway is a finding of its own, not this break's.
-                if not _passes(found_by):
+                if not _passes(baseline, found_by):
                     baseline_failures.append(found_by)
                     continue
                 lines = done.stdout.splitlines()
@@ -96,12 +103,12 @@ def find(fault: Break, seeds: int, first_seed: int, jobs: int) -> dict[str, obje
         }
 
 
-def _passes(seed: int) -> bool:
-    """Whether the code as it is passes ``seed``."""
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
+def _passes(code: Path, seed: int) -> bool:
+    """Whether the unbroken ``code`` passes ``seed``."""
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(code)}
     done = subprocess.run(
         [sys.executable, "-m", "sim", "--seeds", "1", "--first-seed", str(seed), "--jobs", "1"],
-        cwd=ROOT,
+        cwd=code,
         env=env,
         capture_output=True,
         text=True,

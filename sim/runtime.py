@@ -71,6 +71,41 @@ def await_only(awaitable: Awaitable[T]) -> T:
     return current.parent.switch(_Await(awaitable))  # type: ignore[no-any-return]
 
 
+def _drive(
+    loop: SimLoop,
+    bridge: _Bridge,
+    method: Callable[..., Any],
+    values: tuple[Any, ...],
+    done: Callable[[Any, BaseException | None], None],
+) -> None:
+    """Run ``bridge`` until it waits or ends, from a callback of ``loop`` (no task): it
+    is resumed by the done callback of what it waits for, and ``done`` gets its
+    result or error. An executor's call costs a few callbacks this way, not a task's
+    steps."""
+    events._set_running_loop(None)
+    try:
+        result = method(*values)
+    except BaseException as error:  # the blocking code's error, for its caller
+        events._set_running_loop(loop)
+        done(None, error)
+        return
+    events._set_running_loop(loop)
+    if not isinstance(result, _Await):
+        done(result, None)
+        return
+    waited = asyncio.ensure_future(result.awaitable, loop=loop)
+
+    def resume(future: asyncio.Future[Any]) -> None:
+        if future.cancelled():
+            _drive(loop, bridge, bridge.throw, (asyncio.CancelledError(),), done)
+        elif (error := future.exception()) is not None:
+            _drive(loop, bridge, bridge.throw, (error,), done)
+        else:
+            _drive(loop, bridge, bridge.switch, (future.result(),), done)
+
+    waited.add_done_callback(resume)
+
+
 async def run_blocking(call: Callable[..., T], *args: Any) -> T:
     """Run the blocking ``call(*args)`` in a greenlet, awaiting what it waits for.
 
@@ -116,7 +151,8 @@ class SimLoop(asyncio.BaseEventLoop):
         super().__init__()
         self._world = world
         self.name = name
-        self._executor_slots: asyncio.Semaphore | None = None
+        self._executor_busy = 0
+        self._executor_queue: deque[Callable[[], None]] = deque()
         # BaseEventLoop's ready queue, which the world looks at to step it (its timer
         # heap, ``_scheduled``, is replaced now and then: read where it is).
         self._ready_queue: deque[asyncio.Handle] = self._ready  # type: ignore[attr-defined]
@@ -167,31 +203,33 @@ class SimLoop(asyncio.BaseEventLoop):
     def run_in_executor(  # type: ignore[override]
         self, executor: Any, func: Callable[..., T], *args: Any
     ) -> asyncio.Future[T]:
-        # As a thread of an executor: cancelling the future abandons the result, the
-        # call itself goes on.
-        task = self.create_task(self._in_executor(func, *args), name=f"executor:{_name(func)}")
+        # As a thread of an executor: it starts on a later step (when one of the
+        # threads is free), and cancelling the future abandons the result, the call
+        # itself goes on.
         future: asyncio.Future[T] = self.create_future()
 
-        def settle(done: asyncio.Task[T]) -> None:
+        def done(result: Any, error: BaseException | None) -> None:
+            if self._executor_queue:
+                self.call_soon(self._executor_queue.popleft())  # the thread goes on to it
+            else:
+                self._executor_busy -= 1
             if future.cancelled():
-                if not done.cancelled():
-                    done.exception()  # retrieved: nobody waits for it any more
                 return
-            if done.cancelled():
-                future.cancel()
-            elif (error := done.exception()) is not None:
+            if error is not None:
                 future.set_exception(error)
             else:
-                future.set_result(done.result())
+                future.set_result(result)
 
-        task.add_done_callback(settle)
+        def start() -> None:
+            bridge = _Bridge(func)
+            _drive(self, bridge, bridge.switch, args, done)
+
+        if self._executor_busy < self.EXECUTOR_THREADS:
+            self._executor_busy += 1
+            self.call_soon(start)
+        else:
+            self._executor_queue.append(start)
         return future
-
-    async def _in_executor(self, func: Callable[..., T], *args: Any) -> T:
-        if self._executor_slots is None:
-            self._executor_slots = asyncio.Semaphore(self.EXECUTOR_THREADS)
-        async with self._executor_slots:
-            return await run_blocking(func, *args)
 
     async def create_connection(  # type: ignore[override]
         self,
@@ -215,6 +253,10 @@ class SimLoop(asyncio.BaseEventLoop):
         self.crashed = True
         self._ready_queue.clear()
         self._scheduled.clear()  # type: ignore[attr-defined]
+
+
+_DESTROYED_PENDING = "Task was destroyed but it is pending!"
+"""What asyncio reports of a pending task that is garbage collected."""
 
 
 def _name(func: Callable[..., Any]) -> str:
@@ -249,6 +291,10 @@ class World:
         loop.paused_until = max(loop.paused_until, self.now + seconds)
 
     def unhandled(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if getattr(loop, "crashed", False) and context.get("message") == _DESTROYED_PENDING:
+            # A task the crash left pending, collected later: the crash itself, not an
+            # error of the process (an error it had raised is still reported).
+            return
         name = getattr(loop, "name", "?")
         error = context.get("exception")
         future = context.get("future")
@@ -300,12 +346,13 @@ class World:
                 self.current = None
                 continue
             if following is None or following > end:
-                self.now = end
+                self.now = max(now, end)
                 return
             # The clock ticks in milliseconds, as a scheduler's would: what falls due
             # within one runs together, so a run has a few instants per simulated
             # millisecond at most instead of one per timer.
-            self.now = max(now, following, math.ceil(following * TICKS) / TICKS)
+            # (Never past ``end``: the clock must not run back when the run stops.)
+            self.now = max(now, following, min(math.ceil(following * TICKS) / TICKS, end))
 
     def close(self) -> None:
         """Drop every process (what is still pending is abandoned, as at exit)."""

@@ -4,18 +4,23 @@ quiet tail in which everything must recover, and the graceful end."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from sim.fleet import Fleet, Shape, WorkerProcess, capture_logs
+from sim import upstreams
+from sim.dynamodb import SimDynamoDBClient
+from sim.fleet import TABLE, Fleet, Shape, WorkerProcess, capture_logs
 from sim.invariants import Violation
+from wsfleet import schema
 
 START = 1_000.0
 """Virtual time at which a run starts (its wall clock: :data:`sim.fleet.EPOCH` + it)."""
-NEW_STREAMS_IN_FAILOVER = 0.0
+NEW_STREAMS_IN_FAILOVER = 0.5
 """How often a crash brings a burst of restarts on new streams during its failover."""
 TAIL = 30.0
 """Quiet seconds after the last fault heals: every STARTED connection streams again
@@ -35,7 +40,16 @@ class Result:
 
 
 _ROUTER_REQUESTS = frozenset(
-    {"start", "stop", "restart", "new stream", "burst stop", "burst start", "burst new streams"}
+    {
+        "start",
+        "stop",
+        "restart",
+        "new stream",
+        "burst stop",
+        "burst start",
+        "burst new streams",
+        "stop a worker's connections",
+    }
 )
 
 
@@ -78,6 +92,7 @@ class Schedule:
         kinds = [
             (self.crash, 3),
             (self.sigterm, 2),
+            (self.drain_while_partitioned, 1),
             (self.scale_out, 1),
             (self.scale_in, 1),
             (self.pause, 3),
@@ -98,8 +113,10 @@ class Schedule:
             (self.router_restart, 2),
             (self.router_new_stream, 1),
             (self.router_burst, 1),
+            (self.router_stop_a_worker, 1),
             (self.handler_trouble, 2),
             (self.clock_step, 1),
+            (self.malformed_items, 1),
         ]
         choices = [kind for kind, _ in kinds]
         weights = [weight for _, weight in kinds]
@@ -126,7 +143,9 @@ class Schedule:
             process = self._worker()
             if process is None:
                 return
-            self.fleet.monitor.event(f"fault: {name} {process.name}")
+            monitor = self.fleet.monitor
+            monitor.event(f"fault: {name} {process.name}")
+            monitor.worker_disturbed(process.name, monitor.now(), monitor.now() + heals)
             act(process)
 
         self.add(at, name, run, heals=heals, excuse=excuse)
@@ -141,16 +160,79 @@ class Schedule:
     # Workers
 
     def crash(self, at: float) -> None:
-        self._on_worker(at, "crash", lambda p: p.crash(), excuse=0.0)
+        burst = self.rng.random() < NEW_STREAMS_IN_FAILOVER
+        later, share = self.rng.uniform(2.0, 3.5), self.rng.uniform(0.2, 1.0)
+        fleet = self.fleet
+
+        def act(process: WorkerProcess) -> None:
+            process.crash()
+            if not burst:
+                return
+            # Restarts on new streams of the crashed worker's connections while they
+            # are being taken over (the reap comes about a lease later), and takers
+            # that stop for a moment after a takeover's transaction leaves: a restart
+            # may land between a takeover's write and its read of the items.
+            now = fleet.world.now
+            fleet.world.at(now + later, lambda: self._restart_theirs(process.name, share))
+            for taker in fleet.alive():
+                self._pause_after(taker, {"transact_write_items"}, 0.5, now, now + 8.0)
+
+        self._on_worker(at, "crash", act, excuse=0.0)
         self._replace_later(at)
-        if self.rng.random() < NEW_STREAMS_IN_FAILOVER:
-            # Restarts on new streams while the crashed session's connections are
-            # being taken over (its reap comes about a lease later): a takeover and a
-            # restart may interleave between the takeover's write and its read.
-            self.router_burst(at + self.rng.uniform(2.0, 3.5), new_stream=True)
+
+    def _restart_theirs(self, worker: str, share: float) -> None:
+        fleet = self.fleet
+        ids = [c for c in fleet.monitor.run_by(worker) if fleet.rng.random() < share]
+        fleet.monitor.event(f"fault: {len(ids)} of {worker}'s connections restarted on new streams")
+        for connection_id in ids:
+            fleet.router.start(connection_id, new_stream=True)
+
+    def _pause_after(
+        self, process: WorkerProcess, writes: set[str], p: float, start: float, end: float
+    ) -> None:
+        """From ``start`` to ``end``, now and then, the process stops just after one of
+        ``writes`` leaves: the write lands while it is stopped, its answer waits."""
+        fleet, rng = self.fleet, self.fleet.rng
+        if process.link.after_send is not None:
+            return
+
+        def after_send(operation: str) -> None:
+            if operation in writes and fleet.world.now < end and rng.random() < p:
+                stop_for = rng.uniform(1.0, 6.0)
+                monitor, now = fleet.monitor, fleet.world.now
+                monitor.note(f"{process.name} paused {stop_for:.2f}s after {operation}")
+                # As a drawn pause: excused, and a disturbance.
+                monitor.excuse(now, now + stop_for)
+                monitor.disturbance(now, now + stop_for)
+                monitor.worker_disturbed(process.name, now, now + stop_for)
+                fleet.pause(process, stop_for)
+
+        process.link.after_send = after_send
+
+        def undo() -> None:
+            if process.link.after_send is after_send:
+                process.link.after_send = None
+
+        fleet.world.at(max(start, end), undo)
 
     def sigterm(self, at: float) -> None:
         self._on_worker(at, "sigterm", lambda p: p.terminate(), excuse=0.0)
+        self._replace_later(at)
+
+    def drain_while_partitioned(self, at: float) -> None:
+        """A worker cut off from DynamoDB is told to stop: its drain, releases and
+        retire cannot land, its shutdown budget runs out, and what is still ending
+        then is cancelled (every slot must still come back)."""
+        seconds, after = self.rng.uniform(2, 15), self.rng.uniform(0.0, 1.5)
+        fleet = self.fleet
+
+        def act(process: WorkerProcess) -> None:
+            now = fleet.world.now
+            process.link.partitions.append((now, now + seconds))
+            fleet.world.at(now + after, process.terminate)
+
+        name = f"SIGTERM {after:.1f}s into a partition of {seconds:.1f}s"
+        self._on_worker(at, name, act, seconds, seconds)
         self._replace_later(at)
 
     def scale_out(self, at: float) -> None:
@@ -275,6 +357,7 @@ class Schedule:
 
         def start() -> None:
             fleet.monitor.event(f"fault: {name}")
+            fleet.monitor.worker_disturbed(None, fleet.world.now, fleet.world.now + seconds)
             set_to(value)()
             fleet.world.at(fleet.world.now + seconds, set_to(0.0))
 
@@ -289,6 +372,53 @@ class Schedule:
         self._weather(
             at, f"stale reads {stale:.2f}s for {seconds:.1f}s", "stale_by", stale, seconds
         )
+
+    # Bad data
+
+    def malformed_items(self, at: float) -> None:
+        """Items this version cannot use, as a newer version or a hand edit may leave
+        them: session items that do not decode and STARTED connection items that
+        cannot be run. Each must cost only itself (docs/DESIGN.md §2.2): every other
+        connection keeps streaming, and the bad connections end up parked."""
+        fleet = self.fleet
+        index = len(fleet.malformed)
+        partitions = schema.session_partitions()
+        sessions: list[dict[str, Any]] = [
+            {"Sk": {"S": "no-generation"}},
+            {"Sk": {"S": "w#x"}, "state": {"S": schema.ALIVE}},
+            {"Sk": {"S": f"bad{index}#3"}, "state": {"N": "1"}},
+        ]
+        problems = {
+            schema.PROTOCOL: {"N": "5"},
+            schema.LAST_SEQ: {"S": "seventeen"},
+            schema.LEASE_EPOCH: {"S": "1"},
+        }
+        choice = self.rng.choice(sorted(problems))
+        connection_id = f"malformed-{index}"
+        fleet.malformed.append(connection_id)
+        client = SimDynamoDBClient(fleet.engine, lambda: fleet.world.now)
+
+        def act() -> None:
+            fleet.monitor.event(f"fault: malformed items ({choice} of {connection_id})")
+            for number, session in enumerate(sessions):
+                partition = partitions[(index + number) % len(partitions)]
+                item = {schema.PARTITION_KEY: {"S": partition}, **session}
+                client.put_item(TableName=TABLE, Item=item)
+            item = {
+                schema.PARTITION_KEY: {"S": schema.partition_key(connection_id)},
+                schema.SORT_KEY: {"S": schema.CONNECTION_SORT_KEY},
+                schema.DESIRED_STATE: {"S": schema.STARTED},
+                schema.WS_URL: {"S": upstreams.url(f"{connection_id}-s0", fleet.shape.rate)},
+                schema.FREE_SHARD: {"S": schema.free_shard(connection_id)},
+                schema.LEASE_EPOCH: {"N": "0"},
+                schema.LAST_SEQ: {"N": "0"},
+                schema.START_GEN: {"N": "1"},
+                schema.SEQ_GEN: {"N": "0"},
+                choice: problems[choice],
+            }
+            client.put_item(TableName=TABLE, Item=item)
+
+        self.add(at, "malformed items", act)
 
     # Upstreams
 
@@ -312,7 +442,8 @@ class Schedule:
             self.fleet.feeds.silence(self._stream_of(connection_id), seconds)
 
         # The keepalive notices silence within a ping interval and timeout.
-        excuse = seconds + 12.0
+        fleet = self.fleet
+        excuse = seconds + fleet.shape.silence_noticed_within(fleet.timing) + 6.0
         self.add(at, "feed silence", act, heals=seconds, excuse=excuse, connection_id=connection_id)
 
     def feed_refusal(self, at: float) -> None:
@@ -404,12 +535,47 @@ class Schedule:
         self.add(at, "burst stop", stop_all)
         self.add(at + self.rng.uniform(0.5, 10), "burst start", start_all)
 
+    def router_stop_a_worker(self, at: float) -> None:
+        """Every connection one worker runs is stopped at once (a tenant's connections,
+        which the rendezvous spread put together), and started again later: a burst
+        of notices to one worker, each stop bound by the stop bound."""
+        fleet, router = self.fleet, self.fleet.router
+        later = self.rng.uniform(1.0, 10.0)
+
+        def act() -> None:
+            # The busiest worker: the longest burst.
+            loads = [
+                (len(p.worker.owned()), p.name, sorted(p.worker.owned()))
+                for p in fleet.alive()
+                if p.worker is not None
+            ]
+            if not loads:
+                return
+            _, name, ids = max(loads)
+            fleet.monitor.event(f"fault: stop all {len(ids)} of {name}")
+            for connection_id in ids:
+                router.stop(connection_id)
+
+            def start_all() -> None:
+                for connection_id in ids:
+                    router.start(connection_id)
+
+            fleet.world.at(fleet.world.now + later, start_all)
+
+        self.add(at, "stop a worker's connections", act)
+
     # Handlers
 
     def handler_trouble(self, at: float) -> None:
         seconds = self.rng.uniform(2, 15)
-        kind = self.rng.choice(("slow", "raise", "cancelled", "pause"))
+        kind = self.rng.choice(("slow", "raise", "cancelled", "pause", "crash", "stuck"))
         fleet = self.fleet
+        if kind == "crash":
+            self._crash_in_a_call(at, seconds)
+            return
+        if kind == "stuck":
+            self._stuck_then_sigterm(at, seconds)
+            return
 
         async def slow(rng: random.Random) -> None:
             await asyncio.sleep(rng.uniform(0.05, 3.0))
@@ -438,6 +604,79 @@ class Schedule:
 
         # A failing handler is retried with backoff up to 10 s.
         self._window(at, f"handler {kind} for {seconds:.1f}s", seconds, apply, seconds + 10.0)
+
+    def _stuck_then_sigterm(self, at: float, seconds: float) -> None:
+        """Handler calls that ignore cancellation for up to half a minute (a broad
+        ``except``), and a SIGTERM soon after the first: the shutdown budget runs out
+        and the runners still ending are cancelled, which must still end them in order
+        and give their slots back."""
+        fleet = self.fleet
+
+        def apply(process: WorkerProcess) -> Callable[[], None]:
+            told = False
+
+            async def stuck(rng: random.Random) -> None:
+                nonlocal told
+                if not told:
+                    told = True
+                    fleet.world.at(fleet.world.now + rng.uniform(0.5, 3.0), process.terminate)
+                loop = asyncio.get_running_loop()
+                end = loop.time() + rng.uniform(5.0, 30.0)
+                while (left := end - loop.time()) > 0:
+                    # What the fault is: a handler that will not be cancelled.
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.sleep(left)
+
+            stuck.ignores_cancellation = True  # type: ignore[attr-defined]
+            process.misbehaviour = stuck
+
+            def undo() -> None:
+                process.misbehaviour = None
+
+            return undo
+
+        # A stuck call holds its connection dark for up to 30 s past the window.
+        self._window(at, f"handler stuck for {seconds:.1f}s", seconds, apply, seconds + 45.0)
+        self._replace_later(at + seconds)
+
+    def _crash_in_a_call(self, at: float, seconds: float) -> None:
+        """Handler calls turn slow (seconds each), and the process dies in the middle
+        of one: what its checkpoint says of the calls in flight is what the next owner
+        resumes from."""
+        fleet = self.fleet
+
+        def apply(process: WorkerProcess) -> Callable[[], None]:
+            crashing = False
+
+            async def slow_then_crash(rng: random.Random) -> None:
+                nonlocal crashing
+                if not crashing:
+                    crashing = True
+                    fleet.world.at(fleet.world.now + rng.uniform(1.0, 8.0), crash)
+                await asyncio.sleep(rng.uniform(2.0, 6.0))
+
+            def crash() -> None:
+                if process.loop.crashed:
+                    return
+                monitor, now = fleet.monitor, fleet.world.now
+                monitor.event(f"fault: {process.name} crashes in a handler call")
+                # As a drawn crash: the failover bound counts from it.
+                monitor.excuse(now, now)
+                monitor.disturbance(now, now)
+                process.crash()
+                fleet.world.at(fleet.world.now + fleet.rng.uniform(3.0, 15.0), self._start_worker)
+
+            process.misbehaviour = slow_then_crash
+
+            def undo() -> None:
+                process.misbehaviour = None
+
+            return undo
+
+        # The crash comes within the window and 8 s; the slow calls hold their
+        # connections up to 6 s more.
+        name = f"handler crash within {seconds:.1f}s"
+        self._window(at, name, seconds + 8.0, apply, seconds + 14.0)
 
 
 def run_seed(seed: int, *, duration: float = 180.0, faults: int = 24) -> Result:
@@ -475,6 +714,7 @@ def _run(fleet: Fleet, rng: random.Random, shape: Shape) -> Result:
     end = max(START + shape.duration, healed + TAIL)
     world.run_until(end)
     fleet.monitor.check_streaming(fleet.short_since)
+    _check_parked(fleet)
     _shut_down(fleet)
     for error in world.errors:
         fleet.monitor.violated(5, f"unhandled: {error}")
@@ -494,9 +734,25 @@ def _starter(fleet: Fleet, connection_id: str) -> Callable[[], None]:
     return lambda: fleet.router.start(connection_id)
 
 
+def _check_parked(fleet: Fleet) -> None:
+    """Every malformed connection item ends up parked with its problem, never held."""
+    client = SimDynamoDBClient(fleet.engine, lambda: fleet.world.now)
+    for connection_id in fleet.malformed:
+        key = {
+            schema.PARTITION_KEY: {"S": schema.partition_key(connection_id)},
+            schema.SORT_KEY: {"S": schema.CONNECTION_SORT_KEY},
+        }
+        item = client.get_item(TableName=TABLE, Key=key, ConsistentRead=True).get("Item", {})
+        reason = item.get(schema.PARKED_REASON, {}).get("S", "")
+        if not reason.startswith("malformed item") or schema.LEASE_OWNER in item:
+            fleet.monitor.violated(
+                3, f"{connection_id}: a malformed item not parked: {sorted(item)}"
+            )
+
+
 def _shut_down(fleet: Fleet) -> None:
-    """SIGTERM every worker left; each must exit in its shutdown budget with every slot
-    given back."""
+    """SIGTERM every worker left; each must exit in its shutdown budget (with every slot
+    given back, as at every exit: WorkerProcess)."""
     world = fleet.world
     running = [p for p in fleet.processes if p.alive]
     for process in running:
@@ -507,11 +763,3 @@ def _shut_down(fleet: Fleet) -> None:
     for process in running:
         if not process.exited:
             fleet.monitor.violated(5, f"{process.name} did not exit after SIGTERM")
-            continue
-        worker = process.worker
-        if worker is not None and worker.capacity.free != process.config.max_connections:
-            fleet.monitor.violated(
-                5,
-                f"{process.name} exited with {worker.capacity.free} of"
-                f" {process.config.max_connections} slots free",
-            )

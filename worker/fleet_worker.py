@@ -152,6 +152,7 @@ class Worker:
             metrics=self.metrics,
             wall_ms=deps.wall_ms,
             rng=rng,
+            send_reassign=self.queue.hint_reassign,
         )
         self.ownership = Ownership(
             worker_id=config.worker_id,
@@ -161,7 +162,7 @@ class Worker:
             holdings=holdings,
             standing=self.standing,
             give_back=self.give_back,
-            send=self.queue.send,
+            send_reassign=self.queue.hint_reassign,
             reassign_on_release=config.reassign_on_release,
             metrics=self.metrics,
             wall_ms=deps.wall_ms,
@@ -188,7 +189,7 @@ class Worker:
             holdings=holdings,
             balancer=self.balancer,
             acquire=self.ownership.acquire,
-            send_reassign=self.ownership.send_reassign,
+            send_reassign=self.queue.hint_reassign,
         )
         self.pages = CheckpointPages(
             worker_id=config.worker_id,
@@ -292,11 +293,11 @@ class Worker:
     ) -> list[str]:
         return await self.ownership.take_over_many(seen, session, page)
 
-    async def release_stray(self, seen: ConnectionItem) -> None:
-        await self.give_back.stray(seen)
+    async def release_stray(self, seen: ConnectionItem) -> bool:
+        return await self.give_back.stray(seen)
 
     async def send_reassign(self, connection_id: str) -> None:
-        await self.ownership.send_reassign(connection_id)
+        await self.queue.hint_reassign(connection_id)
 
     async def recheck_changed(self, seen: list[ConnectionItem]) -> None:
         await self.notices.recheck_changed(seen)

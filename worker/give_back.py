@@ -14,7 +14,7 @@ import asyncio
 import functools
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from worker.holdings import Holdings
 from worker.metrics import FleetMetrics
@@ -44,6 +44,7 @@ class GiveBack:
         metrics: FleetMetrics,
         wall_ms: Callable[[], int],
         rng: random.Random,
+        send_reassign: Callable[[str], Awaitable[None]],
     ) -> None:
         self._worker_id = worker_id
         self._store = store
@@ -52,6 +53,7 @@ class GiveBack:
         self._metrics = metrics
         self._wall_ms = wall_ms
         self._rng = rng
+        self._send_reassign = send_reassign
 
     async def unrun(self, lease: Lease) -> None:
         """Release a lease that was never run: conditional on owner and epoch, and
@@ -76,11 +78,16 @@ class GiveBack:
             self._standing.suspect(lease.session_gen, _now())
         elif released.released:
             self._metrics.count(m.LEASES_RELEASED)
+            # Free in the unowned index alone, it would wait there: every worker at
+            # or above its share leaves what it finds there, and this one does not
+            # take back what it just released. A hint hands it to whoever has room.
+            await self._send_reassign(lease.connection_id)
 
-    async def stray(self, seen: ConnectionItem) -> None:
+    async def stray(self, seen: ConnectionItem) -> bool:
         """Release a connection this session owns but does not run, with the final
         checkpoint of its unanswered release when there was one for that hold (park it
-        when its entry cannot be run: a release would compare what is malformed)."""
+        when its entry cannot be run: a release would compare what is malformed).
+        Whether a release landed (False for a park)."""
         cid = seen.connection_id
         unanswered = self._holdings.unanswered
         kept = lease_rules.unanswered_checkpoint(unanswered.get(cid), seen)
@@ -88,7 +95,7 @@ class GiveBack:
         self._holdings.released[cid] = _now()
         if lease.malformed is not None:
             await self.malformed(lease, lease.malformed)
-            return
+            return False
         loop = asyncio.get_running_loop()
         released = await loop.run_in_executor(
             None, self._store.release, lease, kept, self._wall_ms()
@@ -96,6 +103,7 @@ class GiveBack:
         unanswered.pop(cid, None)  # answered: released, or no longer ours
         if released.released:
             self._metrics.count(m.LEASES_RELEASED)
+        return released.released
 
     async def malformed(self, lease: Lease, problem: str) -> None:
         """Park a connection this session holds whose item cannot be run, with the

@@ -83,9 +83,11 @@ class Notices:
         """Connections another worker released for this one: a balance move, taken up to
         this worker's fair share, or a drain, taken up to capacity like
         a dead session's (everything of a worker that shuts down must find a home).
-        A move beyond the share is declined and hinted on the start queue. Every offer
-        is acted on but one whose acquire raised (its outcome unknown: the next renew
-        returns the offer again, and the own-check looks at what may have landed)."""
+        A move beyond the share is declined and hinted on the start queue, and so is an
+        offer this worker could not even try (no free slot, no session ready, closing:
+        an unsettled result). Every offer is acted on but one whose acquire raised (its
+        outcome unknown: the next renew returns the offer again, and the own-check looks
+        at what may have landed)."""
         if not tokens:
             return set()
         drains = {t for t in tokens if session_rules.notice_kind(t) == session_rules.DRAIN}
@@ -109,6 +111,13 @@ class Notices:
                     "could not take an offered connection; the offer stays",
                     extra={"connection_id": cid, "error": repr(outcome)},
                 )
+        # Not tried (every slot reserved, by a takeover in flight say): dropped, the
+        # offer would leave the connection in the unowned index like a declined move.
+        declined += [
+            cid
+            for cid, outcome in zip(accepted, outcomes, strict=True)
+            if isinstance(outcome, AcquireResult) and not outcome.settled
+        ]
         # A move this worker does not take (its view of the loads says it is at its
         # share; the giver's said otherwise) would wait in the unowned index, where
         # every worker at or above its share leaves it too: a hint hands it to whoever

@@ -31,7 +31,6 @@ from wsfleet.item import ConnectionItem
 from wsfleet.lease_rules import AcquireRefusal, Lease, TakeoverStep
 from wsfleet.lease_store import TAKEOVER_BATCH, LeaseStore
 from wsfleet.session_rules import SessionItem
-from wsfleet.start_messages import REASSIGN, StartMessage
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +62,13 @@ class Ownership:
         holdings: Holdings,
         standing: Standing,
         give_back: GiveBack,
-        send: Callable[[StartMessage], Awaitable[None]],
+        send_reassign: Callable[[str], Awaitable[None]],
         reassign_on_release: bool,
         metrics: FleetMetrics,
         wall_ms: Callable[[], int],
     ) -> None:
-        """``settings``: what the runners share; ``send``: puts a message on the start
-        queue."""
+        """``settings``: what the runners share; ``send_reassign``: hints a free
+        connection on the start queue."""
         self.worker_id = worker_id
         self._store = store
         self._settings = settings
@@ -77,7 +76,7 @@ class Ownership:
         self._holdings = holdings
         self._standing = standing
         self._give_back = give_back
-        self._send = send
+        self.send_reassign = send_reassign
         self._reassign_on_release = reassign_on_release
         self._metrics = metrics
         self._wall_ms = wall_ms
@@ -144,12 +143,17 @@ class Ownership:
         batch = asyncio.create_task(self._attempt_many(chosen, gen, attempt), name="take-over")
         for item in chosen:
             holdings.acquiring[item.connection_id] = batch
-        try:
-            return await asyncio.shield(batch)
-        finally:
+
+        def settled(_: asyncio.Task[list[str]]) -> None:
+            # When the batch ends, not when its caller does: a caller cancelled at
+            # shutdown leaves the batch running, and the shutdown waits for it (its
+            # won leases get runners, stopped and released, and its slots come back).
             for item in chosen:
                 if holdings.acquiring.get(item.connection_id) is batch:
                     del holdings.acquiring[item.connection_id]
+
+        batch.add_done_callback(settled)
+        return await asyncio.shield(batch)
 
     async def hand_off(self, connection_ids: Sequence[str]) -> list[str]:
         """End these connections for another worker to take: each finishes its handler
@@ -173,16 +177,6 @@ class Ownership:
             for cid in waiting:
                 handing_off.pop(cid, None)
         return [cid for cid, done in waiting.items() if done.done() and done.result()]
-
-    async def send_reassign(self, connection_id: str) -> None:
-        try:
-            await self._send(StartMessage(REASSIGN, connection_id))
-        except Exception as error:
-            # The released lease is still found by the next reconcile of any worker.
-            log.warning(
-                "could not send reassign",
-                extra={"connection_id": connection_id, "error": repr(error)},
-            )
 
     async def _take(
         self,
@@ -367,9 +361,23 @@ class Ownership:
             # Restarted (maybe with a new URL) while we held it, seen by the renew or
             # by the release: take it again at once with the new generation instead of
             # waiting for a reconcile (the router's start hint may already have been
-            # consumed as "already mine").
-            result = await self.acquire(connection_id)
+            # consumed as "already mine", or as held while this worker ran it).
+            # Not taken (the acquire raised, or was not tried: no session ready, no
+            # free slot), it would wait in the unowned index, its start hint spent: a
+            # hint brings it to whoever has a free slot. What an acquire that raised
+            # may have landed is the own-check's, on the next pass.
+            try:
+                result = await self.acquire(connection_id)
+            except Exception as error:
+                log.warning(
+                    "could not take a restarted connection again; hinting it",
+                    extra={"connection_id": connection_id, "error": repr(error)},
+                )
+                await self.send_reassign(connection_id)
+                return
             log.info(
                 "re-acquired after restart",
                 extra={"connection_id": connection_id, "result": result.value},
             )
+            if not result.settled:
+                await self.send_reassign(connection_id)

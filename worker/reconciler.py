@@ -14,8 +14,9 @@ it was not renewed, one pass over the table:
 2. **Own connections** (every four passes, and on the pass after a write whose outcome
    is unknown). Compare this session's ``by-owner`` entries with what the worker runs,
    and release the difference (an acquire whose reply was lost must not leave a
-   connection held by a live session and run by nobody); an entry stopped or started
-   again under a runner that got no notice of it is read and acted on.
+   connection held by a live session and run by nobody), with a ``reassign`` hint for
+   each STARTED one released; an entry stopped or started again under a runner that
+   got no notice of it is read and acted on.
 3. **Free connections.** Query two shards of the sparse ``unowned`` index in rotation (every one
    of them while another worker drains) and try to acquire what they hold, in random
    order, up to the worker's room; with balancing on, only what an earlier scan
@@ -96,7 +97,10 @@ class Owner(Protocol):
         self, seen: list[ConnectionItem], session: SessionItem, page: CheckpointPage | None
     ) -> list[str]: ...
 
-    async def release_stray(self, seen: ConnectionItem) -> None: ...
+    async def release_stray(self, seen: ConnectionItem) -> bool:
+        """Release a connection this session holds and does not run; whether the
+        release landed."""
+        ...
 
     async def recheck_changed(self, seen: list[ConnectionItem]) -> None: ...
 
@@ -312,9 +316,14 @@ class Reconciler:
                 self._dead.pop(session.key, None)
             return []
         seen.last_entries_seen_ms = now_ms
+        page: CheckpointPage | None = None
+        page_read = False
+        if any(not item.started for item in entries):
+            # Stopped while their owner died: their checkpoints are on its page.
+            page, page_read = await self._read_page(session), True
         for item in entries:
             if not item.started:
-                await self._call(self._store.clear_dead_owner, item, now_ms)
+                await self._call(self._store.clear_dead_owner, item, page, now_ms)
             elif item.problem is not None and not item.parked:
                 await self._park_seen(item, item.problem, now_ms)
         started = {
@@ -334,14 +343,8 @@ class Reconciler:
         )
         if not share:
             return []
-        page = await self._call(
-            functools.partial(
-                self._sessions.read_page,
-                session.worker_id,
-                session.session_gen,
-                report=self._report_malformed,
-            )
-        )
+        if not page_read:
+            page = await self._read_page(session)
         conflicts_before = self._store.takeover_conflicts
         try:
             taken = await self._owner.take_over_many([started[cid] for cid in share], session, page)
@@ -366,6 +369,16 @@ class Reconciler:
             },
         )
         return taken
+
+    async def _read_page(self, session: SessionItem) -> CheckpointPage | None:
+        return await self._call(
+            functools.partial(
+                self._sessions.read_page,
+                session.worker_id,
+                session.session_gen,
+                report=self._report_malformed,
+            )
+        )
 
     async def _park_seen(self, item: ConnectionItem, problem: str, now_ms: int) -> None:
         """A dead session's entry that cannot be run (an attribute of the wrong type,
@@ -404,7 +417,11 @@ class Reconciler:
                 "owned by this session but not running: releasing it",
                 extra={"connection_id": cid, "epoch": item.lease_epoch},
             )
-            await self._owner.release_stray(item)
+            if await self._owner.release_stray(item) and item.started:
+                # Back in the unowned index, where every worker at or above its share
+                # leaves it (and this one does not take back what it just released):
+                # a hint hands it to whoever has a free slot now.
+                await self._owner.send_reassign(cid)
 
     async def _own_entries(self, gen: int) -> list[ConnectionItem]:
         """The ``by-owner`` entries of this worker's session ``gen``, :data:`OWN_PAGE`

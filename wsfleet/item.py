@@ -48,7 +48,21 @@ def to_attribute(value: Any) -> Any:
 
 def from_attributes(raw: Mapping[str, Any]) -> dict[str, Any]:
     """DynamoDB typed attributes as plain Python values (integral numbers as ``int``)."""
-    return {name: _plain(_deserializer.deserialize(value)) for name, value in raw.items()}
+    return {name: _decode(value) for name, value in raw.items()}
+
+
+def _decode(value: Any) -> Any:
+    # Strings and integers are nearly every attribute the fleet reads (every reconcile
+    # pass decodes every listed item): they skip the general deserializer, which
+    # builds a Decimal for every number.
+    if type(value) is dict and len(value) == 1:
+        text = value.get("S")
+        if type(text) is str:
+            return text
+        number = value.get("N")
+        if type(number) is str and number.isascii() and number.isdigit():
+            return int(number)
+    return _plain(_deserializer.deserialize(value))
 
 
 def _plain(value: Any) -> Any:

@@ -374,19 +374,36 @@ def takeover_failure(old: ConnectionItem | None, seen: ConnectionItem) -> Takeov
     return TakeoverStep.RETRY if old.started else TakeoverStep.CLEAR
 
 
-def clear_owner_update(seen: ConnectionItem, now_ms: int) -> ConditionalUpdate:
+def clear_owner_update(
+    seen: ConnectionItem, now_ms: int, resume: int | None = None
+) -> ConditionalUpdate:
     """A STOPPED connection of a DEAD session: remove the dead owner, so the item
-    leaves the ``by-owner`` index (a stopped connection has nothing to resume)."""
+    leaves the ``by-owner`` index. A start on the same stream later resumes from the
+    item's checkpoint, so the dead session's page entry (``resume``, by
+    :func:`checkpoint_page.resume_seq`), when it is ahead, is written with it,
+    conditioned on the stream and checkpoint it was chosen against, as a takeover's
+    is: without it, that start would deliver the whole dead hold again."""
+    update = "REMOVE #owner, #sgen, #okey, #token SET #updated = :now"
+    condition = "#owner = :dead AND #sgen = :deadgen AND #state = :stopped"
+    names = _names("#owner", "#sgen", "#okey", "#token", "#updated", "#state")
+    values = _values(
+        now=now_ms, dead=seen.lease_owner, deadgen=seen.owner_session_gen, stopped=schema.STOPPED
+    )
+    if resume is not None and resume > seen.last_seq:
+        update += ", #seq = :resume"
+        for clause, clause_values in (
+            _equals("#seqgen", seen.seq_gen, seen.absent),
+            _equals("#seq", seen.last_seq, seen.absent),
+        ):
+            condition += f" AND {clause}"
+            values |= clause_values
+        names |= _names("#seq", "#seqgen")
+        values |= _values(resume=resume)
     return ConditionalUpdate(
-        update_expression="REMOVE #owner, #sgen, #okey, #token SET #updated = :now",
-        condition_expression="#owner = :dead AND #sgen = :deadgen AND #state = :stopped",
-        names=_names("#owner", "#sgen", "#okey", "#token", "#updated", "#state"),
-        values=_values(
-            now=now_ms,
-            dead=seen.lease_owner,
-            deadgen=seen.owner_session_gen,
-            stopped=schema.STOPPED,
-        ),
+        update_expression=update,
+        condition_expression=condition,
+        names=names,
+        values=values,
     )
 
 
@@ -443,10 +460,15 @@ def release_update(
 
 class ReleaseOutcome(enum.Enum):
     NOT_HELD = "not_held"
-    """Another owner or epoch, or no item: nothing of ours to release."""
+    """Another owner or epoch, parked, or no item: nothing of ours to release."""
     RETRY = "retry"
     """Still ours, but the desired state or the checkpoint's ``seq_gen`` differ from
     what the write assumed: write again with :func:`release_retry`'s variant."""
+    LANDED = "landed"
+    """Nobody's, not parked, under this hold's own epoch: a release of this hold has
+    already landed (an earlier try whose answer was lost). Only the hold itself frees
+    the item without adding to its epoch (an acquire or takeover adds one), apart from
+    the sweep clearing a stopped one under a dead session: free either way."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,6 +478,8 @@ class ReleaseVariant:
 
 
 def release_failure(old: ConnectionItem | None, lease: Lease) -> ReleaseOutcome:
+    if old is not None and old.lease_owner is None and old.lease_epoch == lease.epoch:
+        return ReleaseOutcome.NOT_HELD if old.parked else ReleaseOutcome.LANDED
     if old is None or old.lease_owner != lease.owner or old.lease_epoch != lease.epoch:
         return ReleaseOutcome.NOT_HELD
     return ReleaseOutcome.RETRY

@@ -165,7 +165,7 @@ class LeaseStore:
                     seen = failed.old
                     continue
                 if step is TakeoverStep.CLEAR and failed.old is not None:
-                    self.clear_dead_owner(failed.old, now_ms)
+                    self.clear_dead_owner(failed.old, page, now_ms)
                 return step
             if old is None:  # pragma: no cover - the condition requires an existing item
                 return TakeoverStep.GONE
@@ -276,12 +276,17 @@ class LeaseStore:
                     )
         return results
 
-    def clear_dead_owner(self, seen: ConnectionItem, now_ms: int) -> bool:
-        """Remove a DEAD session from a STOPPED connection; False when it changed."""
+    def clear_dead_owner(
+        self, seen: ConnectionItem, page: CheckpointPage | None, now_ms: int
+    ) -> bool:
+        """Remove a DEAD session from a STOPPED connection, keeping the checkpoint of
+        its page entry for a later start on the same stream; False when it changed."""
+        entry = None if page is None else page.entries.get(seen.connection_id)
+        resume = resume_seq(seen.lease_epoch, seen.seq_gen, seen.last_seq, entry)
         try:
             self._update(
                 seen.connection_id,
-                lease_rules.clear_owner_update(seen, now_ms),
+                lease_rules.clear_owner_update(seen, now_ms, resume),
                 return_values="NONE",
             )
         except ConditionFailedError:
@@ -316,11 +321,18 @@ class LeaseStore:
                 old = self._update(lease.connection_id, update, return_values="ALL_OLD")
             except ConditionFailedError as failed:
                 old = failed.old
-                if (
-                    old is None
-                    or lease_rules.release_failure(old, lease) is ReleaseOutcome.NOT_HELD
-                ):
+                outcome = lease_rules.release_failure(old, lease)
+                if old is None or outcome is ReleaseOutcome.NOT_HELD:
                     break
+                if outcome is ReleaseOutcome.LANDED:
+                    # An earlier try landed, its answer lost: released, with this
+                    # release's checkpoint when the item holds it.
+                    checkpointed = (
+                        last_seq is not None
+                        and lease_rules.same_stream(old, lease)
+                        and old.last_seq == last_seq
+                    )
+                    return Released.of(old, lease, checkpointed=checkpointed)
                 variant = lease_rules.release_retry(old, lease, variant.with_checkpoint)
                 continue
             return Released.of(old, lease, checkpointed=variant.with_checkpoint)

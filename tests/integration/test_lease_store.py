@@ -12,6 +12,7 @@ import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -330,13 +331,48 @@ def test_take_over_of_a_stopped_connection_clears_the_dead_owner(store, control,
 
 def test_clear_dead_owner_only_clears_a_stopped_connection_of_that_session(store, control, read):
     seen = dead_owned(store, control, read)
-    assert not store.clear_dead_owner(seen, T0 + 1)  # STARTED: a takeover's business
+    assert not store.clear_dead_owner(seen, None, T0 + 1)  # STARTED: a takeover's business
     control.stop("c", T0 + 2)
     stopped = item_of(read, "c")
-    assert store.clear_dead_owner(stopped, T0 + 3)
+    assert store.clear_dead_owner(stopped, None, T0 + 3)
     item = item_of(read, "c")
     assert (item.lease_owner, item.owner_session_gen, item.updated_at_ms) == (None, None, T0 + 3)
-    assert not store.clear_dead_owner(stopped, T0 + 4)  # already cleared
+    assert not store.clear_dead_owner(stopped, None, T0 + 4)  # already cleared
+
+
+def test_a_connection_stopped_while_its_owner_was_dead_keeps_the_pages_checkpoint(
+    store, control, read
+):
+    """Clearing the dead owner writes the dead session's page entry, so that a start on
+    the same stream resumes from it instead of delivering the whole dead hold again
+    (found by the simulator's redelivery invariant, seed 28)."""
+    dead_owned(store, control, read)
+    control.stop("c", T0 + 1)
+    stopped = item_of(read, "c")
+    entry = PageEntry(epoch=1, seq_gen=0, seq=9, advanced_at_ms=T0 + 20)
+    assert store.clear_dead_owner(stopped, CheckpointPage(T0 + 50, {"c": entry}), T0 + 2)
+    assert item_of(read, "c").last_seq == 9
+    control.start("c", URL, T0 + 3)
+    assert won(store.acquire("c", "w2", GEN, T0 + 4)).last_seq == 9
+
+
+def test_clearing_a_dead_owner_writes_no_entry_of_another_hold_or_stream(store, control, read):
+    dead_owned(store, control, read)
+    control.stop("c", T0 + 1)
+    stopped = item_of(read, "c")
+    others = {
+        "c": PageEntry(epoch=1, seq_gen=1, seq=9, advanced_at_ms=T0 + 20),  # another stream
+    }
+    assert store.clear_dead_owner(stopped, CheckpointPage(T0 + 50, others), T0 + 2)
+    assert item_of(read, "c").last_seq == 0
+    # The item is not as listed (its checkpoint differs): nothing is cleared.
+    dead_owned(store, control, read, "d")
+    control.stop("d", T0 + 3)
+    listed = item_of(read, "d")
+    entry = PageEntry(epoch=1, seq_gen=0, seq=9, advanced_at_ms=T0 + 20)
+    later = replace(listed, last_seq=4)
+    assert not store.clear_dead_owner(later, CheckpointPage(T0 + 50, {"d": entry}), T0 + 4)
+    assert item_of(read, "d").lease_owner == "w1"
 
 
 def test_take_over_of_a_connection_the_dead_owner_parked_meanwhile_takes_nothing(
@@ -464,6 +500,35 @@ def test_release_after_restart_with_the_same_url_keeps_the_final_checkpoint(stor
     assert released == Released(released=True, restarted=True, checkpointed=True)
     again = won(store.acquire("c", "w2", GEN, T0 + 4_001))
     assert (again.last_seq, again.start_gen) == (15, 2)
+
+
+def test_a_release_retried_after_its_answer_was_lost_counts_as_released(store, control, read):
+    """The first write lands and its answer is lost (a timeout; the SDK, or the
+    release budget, tries again): the retry finds the item free under the lease's own
+    epoch, which only this hold's release leaves. Counted as not released, the worker
+    neither took a restarted connection again nor offered or hinted it, and it waited
+    in the unowned index (found by the simulator, seed 50)."""
+    control.start("c", URL, T0)
+    lease = won(store.acquire("c", "w1", GEN, T0))
+    control.stop("c", T0 + 1_000)
+    assert control.start("c", "wss://feed.example/b", T0 + 1_500).outcome is (
+        StartOutcome.RESTARTED
+    )
+    assert store.release(lease, 36, T0 + 2_000).released  # landed; its answer lost
+    assert store.release(lease, 36, T0 + 2_100) == Released(
+        released=True, restarted=True, checkpointed=False
+    )
+    item = item_of(read, "c")
+    assert (item.lease_owner, item.lease_epoch, item.last_seq) == (None, 1, 0)
+    # Same stream: the checkpoint the first try left is this release's.
+    lease = won(store.acquire("c", "w1", GEN, T0 + 3_000))
+    assert store.release(lease, 12, T0 + 4_000).released
+    assert store.release(lease, 12, T0 + 4_100) == Released(
+        released=True, restarted=False, checkpointed=True
+    )
+    # Taken by another since: nothing of this hold's is left.
+    won(store.acquire("c", "w2", GEN, T0 + 5_000))
+    assert store.release(lease, 12, T0 + 5_100) == NOT_RELEASED
 
 
 def test_a_late_release_of_an_older_epoch_of_the_same_worker_frees_nothing(store, control, read):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 
 import pytest
@@ -202,3 +203,27 @@ def test_a_silent_feed_is_left_by_the_keepalive() -> None:
     assert ends
     assert ends[0][0] == "ConnectionClosedError"
     assert 7.0 <= ends[0][1] <= 10.0
+
+
+def test_a_crash_reports_no_task_it_left_pending_but_an_error_raised_before_it() -> None:
+    """A crashed process's tasks are dropped with it; asyncio reports each one still
+    pending when it is collected, which is the crash, not an error of the process (a
+    report of it failed seed 35 with restarts on new streams during a failover)."""
+    world = World(1)
+    loop = world.loop("p")
+
+    async def waits() -> None:
+        await asyncio.get_running_loop().create_future()
+
+    async def fails() -> None:
+        raise RuntimeError("before the crash")
+
+    world.run_task(loop, waits())
+    failing = world.run_task(loop, fails())
+    world.run_until(world.now + 1)
+    loop.crash()
+    del failing
+    gc.collect()
+    assert len(world.errors) == 1
+    assert "Task exception was never retrieved" in world.errors[0]
+    assert "before the crash" in world.errors[0]

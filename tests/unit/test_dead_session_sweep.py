@@ -134,7 +134,7 @@ def worker(table: Table, worker_id: str, used: int) -> tuple[Reconciler, Owner]:
         timing=TIMING,
         takeover_conflicts=0,
         owned_by=table.owned_by,
-        clear_dead_owner=lambda item, now: True,
+        clear_dead_owner=lambda item, page, now: True,
     )
     reconciler = Reconciler(
         store=cast(Any, store),

@@ -464,6 +464,20 @@ def test_clear_owner_update_exactly():
     }
 
 
+def test_clear_owner_update_with_a_checkpoint_ahead_writes_it_on_the_stream_it_was_read_for():
+    update = clear_owner_update(conn(SEEN), NOW, resume=55)  # SEEN: last_seq 40
+    assert update.update_expression == (
+        "REMOVE #owner, #sgen, #okey, #token SET #updated = :now, #seq = :resume"
+    )
+    assert update.condition_expression == (
+        "#owner = :dead AND #sgen = :deadgen AND #state = :stopped"
+        " AND #seqgen = :seqgen AND #seq = :seq"
+    )
+    assert (update.values[":resume"], update.values[":seq"]) == (N(55), N(40))
+    # Not ahead of the item's own: nothing more than the plain clear.
+    assert clear_owner_update(conn(SEEN), NOW, resume=40) == clear_owner_update(conn(SEEN), NOW)
+
+
 @pytest.mark.parametrize(
     ("item", "cleared"),
     [
@@ -616,7 +630,12 @@ def test_a_released_connection_can_be_acquired_again_at_once():
         (None, ReleaseOutcome.NOT_HELD),
         (owned(DEAD, DEAD_GEN), ReleaseOutcome.NOT_HELD),
         (owned(DEAD, DEAD_GEN, lease_epoch=3), ReleaseOutcome.NOT_HELD),  # my epoch, not me
-        (raw(), ReleaseOutcome.NOT_HELD),  # released already (an earlier try landed)
+        # Free under this hold's epoch: an earlier try landed, its answer lost.
+        (raw(), ReleaseOutcome.LANDED),
+        (free(), ReleaseOutcome.LANDED),
+        (raw(desired_state=schema.STOPPED), ReleaseOutcome.LANDED),
+        (raw(lease_epoch=4), ReleaseOutcome.NOT_HELD),  # taken and released since
+        (raw(parked_reason="HTTP 404", parked_at_ms=NOW), ReleaseOutcome.NOT_HELD),
         (owned(ME, GEN, lease_epoch=4), ReleaseOutcome.NOT_HELD),
         (owned(ME, GEN, lease_epoch=2), ReleaseOutcome.NOT_HELD),
         (owned(ME, GEN, desired_state=schema.STOPPED), ReleaseOutcome.RETRY),

@@ -1,0 +1,32 @@
+"""The simulated fleet's own bookkeeping, which the invariants' excuses rest on."""
+
+from __future__ import annotations
+
+from sim.fleet import Fleet, Shape
+
+
+def test_a_worker_counts_as_room_from_the_instant_it_starts() -> None:
+    """A worker started while the fleet is short of room ends the shortage's excuse at
+    once, not when its process first runs (the monitor kept excusing, or stopped
+    excusing, at the wrong instant; seen at seed 58, where a replacement's start went
+    uncounted and the excuse ended with the next SIGTERM instead)."""
+    shape = Shape(
+        workers=3, connections=20, rate=1.0, max_connections=8, duration=60.0, faults=0, batch=False
+    )
+    fleet = Fleet(1, shape)
+    try:
+        first = fleet.start_worker()
+        fleet.start_worker()
+        assert fleet.short_since is not None  # 16 slots for 20 connections
+        fleet.world.now += 5.0
+        fleet.start_worker()
+        assert fleet.short_since is None  # 24 slots: room again, from this instant
+        assert (1000.0, 1005.0, None, None) in fleet.monitor._excuses
+        first.terminate()  # not run yet: a SIGTERM reaches it all the same
+        assert fleet.short_since == 1005.0
+        assert first.stop.is_set()
+    finally:
+        for process in fleet.processes:
+            process.task.cancel()  # before it first ran: nothing of it was started
+        fleet.world.run_until(fleet.world.now)
+        fleet.world.close()

@@ -1,0 +1,92 @@
+"""The simulator's monitor: each invariant fires on the history that breaks it, and
+the exceptions it documents hold (a call that will not end, a disturbed holder)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.invariants import Monitor
+
+
+@dataclass
+class Clock:
+    now: float = 0.0
+
+
+def monitor(clock: Clock) -> Monitor:
+    return Monitor(clock, stop_bound=1.6, dark_bound=8.0, checkpoint_bound=7.0)
+
+
+def call(m: Monitor, worker: str, epoch: int, first: int, last: int | None = None) -> None:
+    m.call_started(worker, "c1", epoch, "s0", first, first if last is None else last)
+    m.call_ended(worker, "c1", returned=True)
+
+
+def invariants(m: Monitor) -> list[int]:
+    return [v.invariant for v in m.violations]
+
+
+def test_two_workers_in_calls_of_one_connection_break_invariant_1() -> None:
+    clock = Clock()
+    m = monitor(clock)
+    m.call_started("w1", "c1", 1, "s0", 1, 1)
+    m.call_started("w2", "c1", 2, "s0", 1, 1)
+    assert invariants(m) == [1]
+
+
+def test_a_call_that_ignores_cancellation_is_counted_not_failed() -> None:
+    clock = Clock()
+    m = monitor(clock)
+    m.call_started("w1", "c1", 1, "s0", 1, 1)
+    m.ignores_cancellation("w1", "c1")
+    m.call_started("w2", "c1", 2, "s0", 1, 1)
+    assert invariants(m) == []
+    assert m.zombie_overlaps == 1
+    assert m.calls_in_flight("w1") == 1
+
+
+def test_a_skipped_seq_breaks_invariant_2() -> None:
+    m = monitor(Clock())
+    call(m, "w1", 1, 1, 3)
+    call(m, "w2", 2, 5)
+    assert invariants(m) == [2]
+
+
+def test_an_undisturbed_holders_messages_redelivered_under_a_new_epoch_break_invariant_6() -> None:
+    clock = Clock(100.0)
+    m = monitor(clock)
+    for seq in range(1, 21):
+        clock.now = 100.0 + seq
+        call(m, "w1", 1, seq)
+    clock.now = 125.0
+    call(m, "w2", 2, 3)  # seq 3 was handled at t=103, a page at the latest by t=110
+    assert invariants(m) == [6]
+
+
+def test_redelivery_within_a_checkpoint_interval_or_after_a_disturbance_is_allowed() -> None:
+    clock = Clock(100.0)
+    m = monitor(clock)
+    for seq in range(1, 21):
+        clock.now = 100.0 + seq
+        call(m, "w1", 1, seq)
+    clock.now = 121.0
+    call(m, "w2", 2, 16)  # handled at t=116: not yet covered by a page
+    m.worker_disturbed("w1", 106.0, 130.0)  # e.g. partitioned from t=106
+    clock.now = 122.0
+    call(m, "w3", 3, 5)  # handled at t=105 by w1, disturbed before a page covered it
+    for seq in range(6, 22):
+        call(m, "w3", 3, seq)
+    clock.now = 140.0
+    call(m, "w3", 3, 21)  # the same hold again (a handler retried) is no redelivery
+    assert invariants(m) == []
+
+
+def test_a_crash_before_the_page_covers_a_seq_excuses_its_redelivery() -> None:
+    clock = Clock(100.0)
+    m = monitor(clock)
+    call(m, "w1", 1, 1)
+    clock.now = 103.0
+    m.crashed("w1")
+    clock.now = 110.0
+    call(m, "w2", 2, 1)
+    assert invariants(m) == []
