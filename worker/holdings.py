@@ -24,8 +24,9 @@ class Holdings:
         self.runners: dict[str, ConnectionRunner] = {}
         self.acquiring: dict[str, asyncio.Task[Any]] = {}
         """The acquisition or takeover in flight, by connection id."""
-        self.owning: set[asyncio.Task[None]] = set()
-        """Every task the shutdown waits for: each runner's, and each acting on notices."""
+        self.owning: set[asyncio.Task[Any]] = set()
+        """Every task the shutdown waits for: each runner's, each acquisition's and
+        takeover's, and each acting on notices."""
         self.own_tasks: dict[str, asyncio.Task[None]] = {}
         """Each runner's task, by connection id."""
         self.handing_off: dict[str, asyncio.Future[bool]] = {}
@@ -66,7 +67,13 @@ class Holdings:
         for cid in set(self.unanswered) - connection_ids:
             del self.unanswered[cid]
 
-    def keep(self, task: asyncio.Task[None]) -> None:
+    def settled(self, connection_id: str, task: asyncio.Task[Any] | None) -> None:
+        """``task``'s attempt at ``connection_id`` is decided: the id is no longer
+        being acquired by it (another attempt may have it by now)."""
+        if self.acquiring.get(connection_id) is task:
+            del self.acquiring[connection_id]
+
+    def keep(self, task: asyncio.Task[Any]) -> None:
         """A task the shutdown waits for, until it ends."""
         self.owning.add(task)
         task.add_done_callback(self.owning.discard)

@@ -143,14 +143,14 @@ class Ownership:
         batch = asyncio.create_task(self._attempt_many(chosen, gen, attempt), name="take-over")
         for item in chosen:
             holdings.acquiring[item.connection_id] = batch
+        holdings.keep(batch)
 
         def settled(_: asyncio.Task[list[str]]) -> None:
             # When the batch ends, not when its caller does: a caller cancelled at
             # shutdown leaves the batch running, and the shutdown waits for it (its
             # won leases get runners, stopped and released, and its slots come back).
             for item in chosen:
-                if holdings.acquiring.get(item.connection_id) is batch:
-                    del holdings.acquiring[item.connection_id]
+                holdings.settled(item.connection_id, batch)
 
         batch.add_done_callback(settled)
         return await asyncio.shield(batch)
@@ -190,9 +190,16 @@ class Ownership:
         The attempt runs as its own task and callers wait on it shielded: a caller
         cancelled at shutdown must not abandon a lease that the write just won.
         """
+        holdings = self._holdings
+        # Another attempt at it in flight (a takeover batch, say) may lose: wait for
+        # it, and try again unless it won. Answered "already mine" at once, the hint
+        # that brought this call would be spent on an attempt that lost, and the
+        # connection would wait in the unowned index.
+        while (in_flight := holdings.acquiring.get(connection_id)) is not None:
+            await asyncio.wait([in_flight])
         if self._standing.closing:
             return AcquireResult.CLOSING
-        if self._holdings.holds(connection_id):
+        if connection_id in holdings.runners:
             return AcquireResult.ALREADY_MINE
         if not self._standing.ready(_now()):
             return AcquireResult.NO_SESSION
@@ -201,9 +208,9 @@ class Ownership:
         task = asyncio.create_task(
             self._attempt(connection_id, gen, attempt), name=f"acquire:{connection_id}"
         )
-        acquiring = self._holdings.acquiring
-        acquiring[connection_id] = task
-        task.add_done_callback(lambda _: acquiring.pop(connection_id, None))
+        holdings.acquiring[connection_id] = task
+        holdings.keep(task)
+        task.add_done_callback(lambda _: holdings.settled(connection_id, task))
         return await asyncio.shield(task)
 
     async def _attempt(
@@ -273,6 +280,10 @@ class Ownership:
             # Won under a session that was reaped while the write was on its way: it
             # is never run (no renew of another session proves that one), and given
             # back at once, so that neither a forgotten session nor nobody holds it.
+            # No longer being taken: the give-back's hint may come back to this
+            # worker's own start queue, and must find it free here, not "already
+            # mine" (the shutdown still waits for the attempt: it is kept).
+            self._holdings.settled(connection_id, asyncio.current_task())
             try:
                 await self._give_back.unrun(result)
             finally:
