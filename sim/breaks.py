@@ -108,6 +108,29 @@ BREAKS: tuple[Break, ...] = (
         ),
     ),
     Break(
+        "F7",
+        "a runner cancelled at shutdown is neither released nor hinted: its task ends"
+        " with UnboundLocalError before its slot, hand-off and hint",
+        (
+            (
+                "worker/ownership.py",
+                "        outcome: Outcome | None = None\n"
+                "        cancelled = False\n"
+                "        try:\n"
+                "            outcome = await runner.run()\n"
+                "        except asyncio.CancelledError:\n"
+                "            cancelled = True\n"
+                "            outcome = runner.outcome\n"
+                "        except Exception:\n",
+                "        cancelled = False\n"
+                "        try:\n"
+                "            outcome = await runner.run()\n"
+                "        except Exception:\n"
+                "            outcome = None\n",
+            ),
+        ),
+    ),
+    Break(
         "F8",
         "the connections a burst of stops names are read one at a time",
         (

@@ -14,7 +14,7 @@ class Clock:
 
 
 def monitor(clock: Clock) -> Monitor:
-    return Monitor(clock, stop_bound=1.6, dark_bound=8.0, checkpoint_bound=7.0)
+    return Monitor(clock, stop_bound=1.6, dark_bound=8.0, checkpoint_bound=7.0, failover_bound=4.5)
 
 
 def call(m: Monitor, worker: str, epoch: int, first: int, last: int | None = None) -> None:
