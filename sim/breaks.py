@@ -198,6 +198,21 @@ BREAKS: tuple[Break, ...] = (
         ),
     ),
     Break(
+        "takeover with neither the dead owner's nor the epoch clause",
+        "a takeover decided on a listing checks neither that the owner is still the dead"
+        " session nor that the epoch is the one it read (each alone is covered by the"
+        " other: two takers of one connection cannot both pass either)",
+        (
+            ("wsfleet/lease_rules.py", '            ("#epoch", seen.lease_epoch),\n', ""),
+            (
+                "wsfleet/lease_rules.py",
+                'f"#owner = :dead AND #sgen = :deadgen AND #state = :started AND {read}"',
+                'f"(#owner = :dead OR attribute_exists(#owner)) AND (#sgen = :deadgen OR'
+                ' attribute_exists(#sgen)) AND #state = :started AND {read}"',
+            ),
+        ),
+    ),
+    Break(
         "reap without the skew term",
         "a session may be reaped as soon as its expiry passes by the reaper's clock",
         (

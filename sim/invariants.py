@@ -79,6 +79,8 @@ class _Connection:
     """When the router last started or stopped it."""
     last_delivery: float | None = None
     last_worker: str | None = None
+    streamed_by: str | None = None
+    """The worker that last opened its upstream stream."""
     deliveries: int = 0
     first_handled: dict[str, dict[int, tuple[float, str, int]]] = field(default_factory=dict)
     """By stream and seq: when its first handling call started, the worker, the epoch."""
@@ -176,7 +178,10 @@ class Monitor:
         """A dead process handles nothing: its calls in flight end with it. What it
         ran must run elsewhere within the failover bound (invariant 7), when the
         survivors had ``room`` free slots for it."""
-        self.failovers.crashed(worker, self.now(), self.run_by(worker), room)
+        running = sorted(
+            cid for cid, c in self._connections.items() if c.started and c.streamed_by == worker
+        )
+        self.failovers.crashed(worker, self.now(), running, room)
         self._crashed_at.setdefault(worker, self.now())
         for connection in self._connections.values():
             connection.calls.pop(worker, None)
@@ -222,6 +227,9 @@ class Monitor:
 
     def stopped(self, connection_id: str) -> None:
         connection = self._connection(connection_id)
+        if connection.started and connection.dark_since is not None:
+            # Dark until its stop: it should have been running all the while.
+            self._check_dark(connection_id, connection.dark_since, self.now())
         connection.started, connection.stopped_at = False, self.now()
         connection.asked_at = self.now()
         connection.dark_since = None
@@ -366,6 +374,7 @@ class Monitor:
 
     def streaming(self, connection_id: str, worker: str) -> None:
         """``worker``'s runner has the connection's upstream stream open."""
+        self._connection(connection_id).streamed_by = worker
         self.failovers.streaming(connection_id, worker, self.now())
 
     def _window_disturbed(self, connection_id: str, start: float, end: float) -> bool:
