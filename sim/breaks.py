@@ -15,6 +15,9 @@ class Break:
     edits: tuple[tuple[str, str, str] | tuple[str, str, str, int], ...]
     """(file, text, replacement[, count]); each text must occur exactly ``count``
     times (once unless given), and every occurrence is replaced."""
+    covered_by: str | None = None
+    """Another rule that keeps this break harmless on its own (defence in depth): no
+    seed can find it alone, and the break that drops both is in the list."""
 
 
 _RENEW_OWN_ONLY = (
@@ -168,11 +171,14 @@ BREAKS: tuple[Break, ...] = (
                 "            if True:\n                runner.session_renewed",
             ),
         ),
+        covered_by="a lost session's runners are stopped before the next session opens"
+        " (F1 drops both)",
     ),
     Break(
         "epoch clause dropped from a takeover",
         "a takeover is not conditioned on the epoch it read",
         (("wsfleet/lease_rules.py", '            ("#epoch", seen.lease_epoch),\n', ""),),
+        covered_by="the takeover's dead owner clause: a second taker finds the first as owner",
     ),
     Break(
         "renew of a reaped session passes",
@@ -196,6 +202,8 @@ BREAKS: tuple[Break, ...] = (
                 ' attribute_exists(#sgen)) AND #state = :started AND {read}"',
             ),
         ),
+        covered_by="the takeover's epoch clause: a second taker read the epoch the first"
+        " one moved on",
     ),
     Break(
         "takeover with neither the dead owner's nor the epoch clause",
