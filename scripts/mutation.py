@@ -43,6 +43,10 @@ TARGETS = {
     "wsfleet/session_store.py": 0.9,
     "wsfleet/timing.py": 0.9,
     "worker/connection.py": 0.9,
+    "worker/handler_calls.py": 0.9,
+    "worker/message_pump.py": 0.9,
+    "worker/upstream_link.py": 0.9,
+    "worker/failing_mark.py": 0.9,
 }
 
 #: mutmut's exit codes for one mutant (mutmut.stats.status_by_exit_code), as verdicts.

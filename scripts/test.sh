@@ -21,8 +21,7 @@ mypy
 # The simulator's seeds (docs/TESTING.md, "The simulator") run beside pytest on the
 # CPU it leaves idle (SCHED_IDLE: they never take a core from a test), then on both
 # cores once pytest is done. SIM_CI_SEEDS=0 leaves them out.
-# 120: the seeds run clean on this code so far; 500 is the aim (docs/TESTING.md).
-sim_seeds="${SIM_CI_SEEDS:-120}"
+sim_seeds="${SIM_CI_SEEDS:-500}"
 sim_log="$(mktemp)"
 sim_pid=""
 if [ "$sim_seeds" -gt 0 ]; then

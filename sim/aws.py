@@ -23,6 +23,7 @@ from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeou
 
 from sim.dynamodb import DynamoDBEngine
 from sim.runtime import SimLoop, World, await_only
+from wsfleet.schema import PARTITION_KEY
 
 ENDPOINT = "https://sim.invalid"
 
@@ -180,18 +181,49 @@ def _retryable(error: Exception) -> bool:
 # --- DynamoDB ---------------------------------------------------------------------------
 
 
+class HotKeys:
+    """Items whose partition refuses writes for a while, for every client: DynamoDB
+    throttles per partition, so one hot item's writes fail while the rest of the
+    table, and that item's reads, go on."""
+
+    def __init__(self) -> None:
+        self.until: dict[str, float] = {}
+        """Partition key -> when its writes are accepted again."""
+
+    def refuses(self, operation: str, params: dict[str, Any], now: float) -> bool:
+        if not self.until or operation not in _WRITES:
+            return False
+        if operation == "transact_write_items":
+            keys = [
+                write.get("Key") or write.get("Item") or {}
+                for entry in params["TransactItems"]
+                for write in entry.values()
+            ]
+        else:
+            keys = [params.get("Key") or params.get("Item") or {}]
+        return any(
+            self.until.get(key.get(PARTITION_KEY, {}).get("S", ""), 0.0) > now for key in keys
+        )
+
+
+_WRITES = frozenset({"update_item", "put_item", "delete_item", "transact_write_items"})
+
+
 class SimDynamoDB:
     """A boto3 DynamoDB client over the engine (the methods the code calls)."""
 
-    def __init__(self, engine: DynamoDBEngine, caller: Caller) -> None:
+    def __init__(self, engine: DynamoDBEngine, caller: Caller, hot: HotKeys | None = None) -> None:
         self._engine = engine
         self._caller = caller
+        self._hot = hot
 
     def _call(self, operation: str, params: dict[str, Any]) -> Any:
         link = self._caller.link
-        engine = self._engine
+        engine, hot = self._engine, self._hot
 
         def apply(now: float) -> Any:
+            if hot is not None and hot.refuses(operation, params, now):
+                raise _error("ProvisionedThroughputExceededException", operation, 400)
             return engine.call(
                 operation, params, now=now, stale_by=link.stale_by, index_lag=link.index_lag
             )

@@ -15,6 +15,9 @@ class Break:
     edits: tuple[tuple[str, str, str] | tuple[str, str, str, int], ...]
     """(file, text, replacement[, count]); each text must occur exactly ``count``
     times (once unless given), and every occurrence is replaced."""
+    covered_by: str | None = None
+    """Another rule that keeps this break harmless on its own (defence in depth): no
+    seed can find it alone, and the break that drops both is in the list."""
 
 
 _RENEW_OWN_ONLY = (
@@ -28,12 +31,12 @@ BREAKS: tuple[Break, ...] = (
         " extends every runner",
         (
             (
-                "worker/fleet_worker.py",
-                "        if result.session_gen != self.session_gen:\n",
+                "worker/ownership.py",
+                "        if result.session_gen != self._standing.session_gen:\n",
                 "        if False:\n",
             ),
             (
-                "worker/fleet_worker.py",
+                "worker/session_cycle.py",
                 _RENEW_OWN_ONLY,
                 "            if True:\n                runner.session_renewed",
             ),
@@ -100,10 +103,33 @@ BREAKS: tuple[Break, ...] = (
                 "        return seen.last_seq\n    return seen.last_seq\n",
             ),
             (
-                "worker/fleet_worker.py",
-                "        for cid, entry in self._unanswered.items():\n"
+                "worker/checkpoint_pages.py",
+                "        for cid, entry in self._holdings.unanswered.items():\n"
                 "            entries.setdefault(cid, entry)\n",
                 "",
+            ),
+        ),
+    ),
+    Break(
+        "F7",
+        "a runner cancelled at shutdown is neither released nor hinted: its task ends"
+        " with UnboundLocalError before its slot, hand-off and hint",
+        (
+            (
+                "worker/ownership.py",
+                "        outcome: Outcome | None = None\n"
+                "        cancelled = False\n"
+                "        try:\n"
+                "            outcome = await runner.run()\n"
+                "        except asyncio.CancelledError:\n"
+                "            cancelled = True\n"
+                "            outcome = runner.outcome\n"
+                "        except Exception:\n",
+                "        cancelled = False\n"
+                "        try:\n"
+                "            outcome = await runner.run()\n"
+                "        except Exception:\n"
+                "            outcome = None\n",
             ),
         ),
     ),
@@ -112,7 +138,7 @@ BREAKS: tuple[Break, ...] = (
         "the connections a burst of stops names are read one at a time",
         (
             (
-                "worker/fleet_worker.py",
+                "worker/notices.py",
                 "            items = await loop.run_in_executor("
                 "None, self._store.get_many, running)\n",
                 "            items = {}\n"
@@ -127,9 +153,9 @@ BREAKS: tuple[Break, ...] = (
         "fence check dropped",
         "a handler call starts whatever the fence deadline says",
         (
-            ("worker/connection.py", "if clock() < state.go_until:", "if True:", 2),
+            ("worker/message_pump.py", "if clock() < state.go_until:", "if True:", 2),
             (
-                "worker/connection.py",
+                "worker/message_pump.py",
                 "                call_now = state.before_call(loop.time())\n",
                 "                call_now = Call.GO\n",
             ),
@@ -140,16 +166,19 @@ BREAKS: tuple[Break, ...] = (
         "a renew of a later session resumes runners of a reaped one",
         (
             (
-                "worker/fleet_worker.py",
+                "worker/session_cycle.py",
                 _RENEW_OWN_ONLY,
                 "            if True:\n                runner.session_renewed",
             ),
         ),
+        covered_by="a lost session's runners are stopped before the next session opens"
+        " (F1 drops both)",
     ),
     Break(
         "epoch clause dropped from a takeover",
         "a takeover is not conditioned on the epoch it read",
         (("wsfleet/lease_rules.py", '            ("#epoch", seen.lease_epoch),\n', ""),),
+        covered_by="the takeover's dead owner clause: a second taker finds the first as owner",
     ),
     Break(
         "renew of a reaped session passes",
@@ -166,6 +195,23 @@ BREAKS: tuple[Break, ...] = (
         "takeover without the dead owner's clause",
         "a takeover decided on a listing does not check the owner is still the dead session",
         (
+            (
+                "wsfleet/lease_rules.py",
+                'f"#owner = :dead AND #sgen = :deadgen AND #state = :started AND {read}"',
+                'f"(#owner = :dead OR attribute_exists(#owner)) AND (#sgen = :deadgen OR'
+                ' attribute_exists(#sgen)) AND #state = :started AND {read}"',
+            ),
+        ),
+        covered_by="the takeover's epoch clause: a second taker read the epoch the first"
+        " one moved on",
+    ),
+    Break(
+        "takeover with neither the dead owner's nor the epoch clause",
+        "a takeover decided on a listing checks neither that the owner is still the dead"
+        " session nor that the epoch is the one it read (each alone is covered by the"
+        " other: two takers of one connection cannot both pass either)",
+        (
+            ("wsfleet/lease_rules.py", '            ("#epoch", seen.lease_epoch),\n', ""),
             (
                 "wsfleet/lease_rules.py",
                 'f"#owner = :dead AND #sgen = :deadgen AND #state = :started AND {read}"',
@@ -201,10 +247,10 @@ BREAKS: tuple[Break, ...] = (
         "the checkpoint passes a message before its handler call has returned",
         (
             (
-                "worker/connection.py",
-                "                failure = await self._call(task, handle, delivery)\n",
+                "worker/message_pump.py",
+                "                failure = await call(task, handle, delivery)\n",
                 "                state.call_returned(seq)\n"
-                "                failure = await self._call(task, handle, delivery)\n",
+                "                failure = await call(task, handle, delivery)\n",
             ),
         ),
     ),
@@ -242,7 +288,7 @@ BREAKS: tuple[Break, ...] = (
         "a runner whose connection was stopped keeps running",
         (
             (
-                "worker/fleet_worker.py",
+                "worker/notices.py",
                 "    if not item.started:\n        return Ending.STOPPED\n",
                 "",
             ),
@@ -256,7 +302,7 @@ BREAKS: tuple[Break, ...] = (
             (
                 "worker/fleet_worker.py",
                 "            monotonic=lambda: self._clock(),\n",
-                "            monotonic=_now,\n",
+                "            monotonic=lambda: asyncio.get_running_loop().time(),\n",
             ),
         ),
     ),

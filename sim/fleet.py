@@ -17,7 +17,7 @@ from lambdas.router.service import ConnectionService
 from lambdas.router.settings import RouterSettings
 from local_stack.resources import create_connection_table
 from sim import upstreams
-from sim.aws import Caller, Link, Retries, SimDynamoDB, SimQueue, SimSQS
+from sim.aws import Caller, HotKeys, Link, Retries, SimDynamoDB, SimQueue, SimSQS
 from sim.dynamodb import DynamoDBEngine, SimDynamoDBClient
 from sim.invariants import Monitor
 from sim.network import Network
@@ -144,9 +144,9 @@ class WorkerProcess:
         # The production clients' timeouts and attempts (worker.aws_clients).
         loop, link = self.loop, self.link
         dynamodb_retries = Retries.of(aws_clients.dynamodb_config(timing, AWS_THREADS))
-        dynamodb = SimDynamoDB(fleet.engine, Caller(loop, link, dynamodb_retries))
+        dynamodb = SimDynamoDB(fleet.engine, Caller(loop, link, dynamodb_retries), fleet.hot)
         renew_retries = Retries.of(aws_clients.renew_config(timing))
-        renewals = SimDynamoDB(fleet.engine, Caller(loop, link, renew_retries))
+        renewals = SimDynamoDB(fleet.engine, Caller(loop, link, renew_retries), fleet.hot)
         sqs_config = aws_clients.sqs_config(self.config.sqs_wait_seconds, AWS_THREADS)
         sqs = SimSQS(fleet.queue, Caller(loop, link, Retries.of(sqs_config)))
         tokens = token_source(random.Random(fleet.rng.getrandbits(64)))
@@ -205,7 +205,12 @@ class WorkerProcess:
     def crash(self) -> None:
         self.loop.crash()
         self.fleet.network.crash(self.loop)
-        self.fleet.monitor.crashed(self.name)
+        room = sum(
+            p.worker.capacity.free
+            for p in self.fleet.alive()
+            if p is not self and p.worker is not None
+        )
+        self.fleet.monitor.crashed(self.name, room)
         self.fleet.capacity_changed()
 
 
@@ -225,7 +230,9 @@ class Router:
             }
         )
         self.service = ConnectionService(
-            dynamodb=SimDynamoDB(fleet.engine, Caller(self.loop, link, Retries(2.0, 3))),  # type: ignore[arg-type]
+            dynamodb=SimDynamoDB(  # type: ignore[arg-type]
+                fleet.engine, Caller(self.loop, link, Retries(2.0, 3)), fleet.hot
+            ),
             sqs=SimSQS(fleet.queue, Caller(self.loop, link, Retries(2.0, 3))),  # type: ignore[arg-type]
             settings=settings,
             wall_ms=lambda: int((EPOCH + fleet.world.now) * 1000),
@@ -300,6 +307,7 @@ class Fleet:
         install_asyncgen_hooks(self.world)
         self.network = Network(self.world, lambda: self.rng.uniform(0.0005, 0.003))
         self.engine = DynamoDBEngine()
+        self.hot = HotKeys()
         setup = SimDynamoDBClient(self.engine, lambda: self.world.now)
         create_connection_table(setup, TABLE)  # type: ignore[arg-type]
         self.queue = SimQueue(self.world)
@@ -312,8 +320,11 @@ class Fleet:
             dark_bound=self.timing.crash_failover_bound() + 1.0 / self.shape.rate + 1.0,
             # A page is written every checkpoint interval; two seconds for its write.
             checkpoint_bound=self.timing.checkpoint + 2.0,
+            failover_bound=self.timing.crash_failover_bound(),
         )
-        self.feeds = upstreams.Feeds(self.world.loop("upstreams"), self.network)
+        self.feeds = upstreams.Feeds(
+            self.world.loop("upstreams"), self.network, accepted=self._accepted
+        )
         self.router = Router(self)
         self.processes: list[WorkerProcess] = []
         self._names = 0
@@ -321,6 +332,10 @@ class Fleet:
         self.last_fault_end = 0.0
         self.malformed: list[str] = []
         """Connection items put malformed (the fault of that name)."""
+
+    def _accepted(self, path: str, peer: str) -> None:
+        connection_id, _, _ = path.rpartition("-s")
+        self.monitor.streaming(connection_id, peer)
 
     def new_link(self) -> Link:
         rng = self.rng

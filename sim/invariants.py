@@ -36,6 +36,8 @@ import hashlib
 from collections import deque
 from dataclasses import dataclass, field
 
+from sim.failover import FailoverWatch
+
 
 @dataclass(frozen=True)
 class Violation:
@@ -73,8 +75,12 @@ class _Connection:
     dark_since: float | None = None
     """While STARTED: its last delivery, or its start."""
     stopped_at: float | None = None
+    asked_at: float = float("-inf")
+    """When the router last started or stopped it."""
     last_delivery: float | None = None
     last_worker: str | None = None
+    streamed_by: str | None = None
+    """The worker that last opened its upstream stream."""
     deliveries: int = 0
     first_handled: dict[str, dict[int, tuple[float, str, int]]] = field(default_factory=dict)
     """By stream and seq: when its first handling call started, the worker, the epoch."""
@@ -84,9 +90,16 @@ class Monitor:
     TRAIL = 40
 
     def __init__(
-        self, clock: object, *, stop_bound: float, dark_bound: float, checkpoint_bound: float
+        self,
+        clock: object,
+        *,
+        stop_bound: float,
+        dark_bound: float,
+        checkpoint_bound: float,
+        failover_bound: float,
     ) -> None:
         self._clock = clock
+        self.failovers = FailoverWatch(failover_bound)
         self._stop_bound = stop_bound
         self._dark_bound = dark_bound
         self._checkpoint_bound = checkpoint_bound
@@ -161,8 +174,14 @@ class Monitor:
         those last run by ``except_run_by``) is the fault's, not the fleet's."""
         self._excuses.append((start, end, connection_id, except_run_by))
 
-    def crashed(self, worker: str) -> None:
-        """A dead process handles nothing: its calls in flight end with it."""
+    def crashed(self, worker: str, room: int = 0) -> None:
+        """A dead process handles nothing: its calls in flight end with it. What it
+        ran must run elsewhere within the failover bound (invariant 7), when the
+        survivors had ``room`` free slots for it."""
+        running = sorted(
+            cid for cid, c in self._connections.items() if c.started and c.streamed_by == worker
+        )
+        self.failovers.crashed(worker, self.now(), running, room)
         self._crashed_at.setdefault(worker, self.now())
         for connection in self._connections.values():
             connection.calls.pop(worker, None)
@@ -196,7 +215,8 @@ class Monitor:
 
     def starting(self, connection_id: str) -> None:
         """A start is on its way: from now on the connection may run again."""
-        self._connection(connection_id).stopped_at = None
+        connection = self._connection(connection_id)
+        connection.stopped_at, connection.asked_at = None, self.now()
 
     def started(self, connection_id: str) -> None:
         connection = self._connection(connection_id)
@@ -207,7 +227,11 @@ class Monitor:
 
     def stopped(self, connection_id: str) -> None:
         connection = self._connection(connection_id)
+        if connection.started and connection.dark_since is not None:
+            # Dark until its stop: it should have been running all the while.
+            self._check_dark(connection_id, connection.dark_since, self.now())
         connection.started, connection.stopped_at = False, self.now()
+        connection.asked_at = self.now()
         connection.dark_since = None
         self.event(f"stop {connection_id}", connection_id)
 
@@ -346,6 +370,38 @@ class Monitor:
                 f"{connection_id}: STARTED and dark from t={since:.3f} to t={until:.3f}"
                 f" ({until - healed:.3f} s after the last excusing fault healed;"
                 f" bound {self._dark_bound:.3f} s)",
+            )
+
+    def streaming(self, connection_id: str, worker: str) -> None:
+        """``worker``'s runner has the connection's upstream stream open."""
+        self._connection(connection_id).streamed_by = worker
+        self.failovers.streaming(connection_id, worker, self.now())
+
+    def _window_disturbed(self, connection_id: str, start: float, end: float) -> bool:
+        """Whether anything but the crash at ``start`` touched the fleet, or this
+        connection, from ``start`` to ``end`` (invariant 7's conditions)."""
+
+        def other(s: float, e: float) -> bool:
+            return s <= end and e >= start and not (s == e == start)
+
+        if self._connection(connection_id).asked_at >= start - 1.0:
+            return True
+        if any(other(s, e) for s, e in self._disturbances):
+            return True
+        if any(other(s, e) for spans in self._pauses.values() for s, e in spans):
+            return True
+        return any(
+            other(s, e) for s, e, about, _ in self._excuses if about in (None, connection_id)
+        )
+
+    def check_failovers(self) -> None:
+        """Invariant 7 for every crash whose window has passed."""
+        for cid, worker, at, took in self.failovers.late(self.now(), self._window_disturbed):
+            self._violated(
+                cid,
+                7,
+                f"{cid}: {worker} crashed at t={at:.3f}; run again {took:.3f} s later"
+                f" (bound {self.failovers.bound:.3f} s)",
             )
 
     def check_streaming(self, short_since: float | None = None) -> None:

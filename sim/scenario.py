@@ -93,6 +93,7 @@ class Schedule:
             (self.crash, 3),
             (self.sigterm, 2),
             (self.drain_while_partitioned, 1),
+            (self.pause_in_shutdown, 1),
             (self.scale_out, 1),
             (self.scale_in, 1),
             (self.pause, 3),
@@ -111,6 +112,7 @@ class Schedule:
             (self.feed_slow, 1),
             (self.router_stop, 2),
             (self.router_restart, 2),
+            (self.hot_release, 1),
             (self.router_new_stream, 1),
             (self.router_burst, 1),
             (self.router_stop_a_worker, 1),
@@ -233,6 +235,23 @@ class Schedule:
 
         name = f"SIGTERM {after:.1f}s into a partition of {seconds:.1f}s"
         self._on_worker(at, name, act, seconds, seconds)
+        self._replace_later(at)
+
+    def pause_in_shutdown(self, at: float) -> None:
+        """A worker told to stop is stopped itself (starved of CPU, a long collector
+        pause) for about its whole shutdown budget: when it runs again, the budget has
+        run out while its connections were still ending, and the shutdown cancels
+        them (each must still be released, its slot given back and its hint sent)."""
+        fleet = self.fleet
+        budget = fleet.timing.shutdown_budget
+        after, seconds = self.rng.uniform(0.0, 1.0), budget * self.rng.uniform(0.7, 1.3)
+
+        def act(process: WorkerProcess) -> None:
+            process.terminate()
+            fleet.world.at(fleet.world.now + after, lambda: fleet.pause(process, seconds))
+
+        name = f"SIGTERM, then a pause of {seconds:.1f}s after {after:.1f}s"
+        self._on_worker(at, name, act, after + seconds, after + seconds)
         self._replace_later(at)
 
     def scale_out(self, at: float) -> None:
@@ -497,6 +516,45 @@ class Schedule:
                 lambda: self.fleet.router.start(connection_id),
             )
 
+    def hot_release(self, at: float) -> None:
+        """A few connections of one worker are stopped, and their items' partition
+        then refuses writes for longer than the release budget: the holder's releases
+        get no answer, and the items stay its own until its own-check releases them.
+        They are started again later, on the same streams: what the holder handled
+        must not be delivered again (its final checkpoints are kept, invariant 6)."""
+        fleet, rng = self.fleet, self.rng
+        timing = fleet.timing
+        hot_for = timing.release_budget + rng.uniform(0.5, 3.0)
+        again = hot_for + rng.uniform(0.5, 5.0)
+        count = rng.randint(1, 4)
+
+        def act() -> None:
+            alive = [p for p in fleet.alive() if fleet.monitor.run_by(p.name)]
+            if not alive:
+                return
+            process = rng.choice(alive)
+            ids = rng.sample(fleet.monitor.run_by(process.name), 1)
+            ids += [c for c in fleet.monitor.run_by(process.name) if c not in ids][: count - 1]
+            now = fleet.world.now
+            fleet.monitor.event(f"fault: {', '.join(ids)} of {process.name} stopped, then hot")
+            for cid in ids:
+                fleet.router.stop(cid)
+                fleet.monitor.excuse(now, now + again + timing.own_check_bound() + 2.0, cid)
+            fleet.world.at(now + 0.05, lambda: self._hot(ids, hot_for))
+
+            def start_again() -> None:
+                for cid in ids:
+                    fleet.router.start(cid)
+
+            fleet.world.at(now + again, start_again)
+
+        self.add(at, f"stop, then writes refused for {hot_for:.1f}s", act, heals=again)
+
+    def _hot(self, ids: list[str], seconds: float) -> None:
+        until = self.fleet.world.now + seconds
+        for cid in ids:
+            self.fleet.hot.until[schema.partition_key(cid)] = until
+
     def router_restart(self, at: float) -> None:
         connection_id = self._connection()
 
@@ -714,6 +772,7 @@ def _run(fleet: Fleet, rng: random.Random, shape: Shape) -> Result:
     end = max(START + shape.duration, healed + TAIL)
     world.run_until(end)
     fleet.monitor.check_streaming(fleet.short_since)
+    fleet.monitor.check_failovers()
     _check_parked(fleet)
     _shut_down(fleet)
     for error in world.errors:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlsplit
 
@@ -51,8 +52,16 @@ class Stream:
 class Feeds:
     """Every stream the simulated upstream host serves."""
 
-    def __init__(self, loop: SimLoop, network: Network) -> None:
+    def __init__(
+        self,
+        loop: SimLoop,
+        network: Network,
+        *,
+        accepted: Callable[[str, str], None] | None = None,
+    ) -> None:
+        """``accepted(path, peer)``: a client's subscription to a stream was accepted."""
         self.loop = loop
+        self.accepted = accepted
         self.streams: dict[str, Stream] = {}
         network.listen(HOST, PORT, loop, lambda: FeedConnection(self))
 
@@ -189,6 +198,8 @@ class FeedConnection(asyncio.Protocol):
         self._flush()
         self._stream = stream
         stream.connections.add(self)
+        if self._feeds.accepted is not None:
+            self._feeds.accepted(path, transport.get_extra_info("peername")[0])
         self._live = bool(query.get("live"))
         first = int(query.get("from_seq", "1"))
         self._sender = self._loop.create_task(self._send_from(stream, max(first, 1)))

@@ -72,6 +72,17 @@ class StartQueue:
     async def send(self, message: StartMessage) -> None:
         await self._call(self._sqs.send_message, QueueUrl=self._url, MessageBody=message.to_body())
 
+    async def hint_reassign(self, connection_id: str) -> None:
+        """Hint that ``connection_id`` is free for whoever has room. Best effort: a
+        free connection is still found by the next reconcile of any worker."""
+        try:
+            await self.send(StartMessage(REASSIGN, connection_id))
+        except Exception as error:
+            log.warning(
+                "could not send reassign",
+                extra={"connection_id": connection_id, "error": repr(error)},
+            )
+
     async def _call(self, method: Callable[..., Any], **kwargs: Any) -> None:
         await asyncio.get_running_loop().run_in_executor(None, lambda: method(**kwargs))
 

@@ -145,7 +145,7 @@ async def test_f7_a_runner_cancelled_is_released_with_its_checkpoint_and_gives_i
         worker = running.worker
         control.start("c7", f"{feed_url}/c7", now_ms())
         await until(lambda: len(running.handler.deliveries) >= 5, what="deliveries")
-        (task,) = [t for t in worker._owning if t.get_name() == "own:c7"]
+        (task,) = [t for t in worker.holdings.owning if t.get_name() == "own:c7"]
         epoch = worker.owned()["c7"]
         task.cancel()
         await asyncio.wait([task], timeout=scaled(10))
@@ -155,7 +155,7 @@ async def test_f7_a_runner_cancelled_is_released_with_its_checkpoint_and_gives_i
         handled = max(d.seq for d in running.handler.deliveries if d.epoch == epoch)
         # Its slot was given back: every slot in use is a runner's or an acquire's
         # (the shutdown ending's reassign hint may already have it taken again).
-        assert worker.capacity.used == len(worker.owned()) + len(worker._acquiring)
+        assert worker.capacity.used == len(worker.owned()) + len(worker.holdings.acquiring)
         assert item(ddb, table, "c7").last_seq == handled  # released with its checkpoint
 
 

@@ -14,7 +14,7 @@ class Clock:
 
 
 def monitor(clock: Clock) -> Monitor:
-    return Monitor(clock, stop_bound=1.6, dark_bound=8.0, checkpoint_bound=7.0)
+    return Monitor(clock, stop_bound=1.6, dark_bound=8.0, checkpoint_bound=7.0, failover_bound=4.5)
 
 
 def call(m: Monitor, worker: str, epoch: int, first: int, last: int | None = None) -> None:
@@ -90,3 +90,53 @@ def test_a_crash_before_the_page_covers_a_seq_excuses_its_redelivery() -> None:
     clock.now = 110.0
     call(m, "w2", 2, 1)
     assert invariants(m) == []
+
+
+def crash_of_a_streaming_worker(clock: Clock, room: int) -> Monitor:
+    m = monitor(clock)
+    m.started("c1")
+    m.streaming("c1", "w1")
+    call(m, "w1", 1, 1)
+    clock.now = 10.0
+    m.crashed("w1", room)
+    return m
+
+
+def test_a_crash_failover_past_the_bound_breaks_invariant_7() -> None:
+    clock = Clock()
+    m = crash_of_a_streaming_worker(clock, room=10)
+    clock.now = 15.0  # 5 s after the crash: past the bound of 4.5
+    m.streaming("c1", "w2")
+    m.check_failovers()
+    assert invariants(m) == [7]
+
+
+def test_a_failover_within_the_bound_or_outside_its_conditions_is_not_judged_late() -> None:
+    clock = Clock()
+    m = crash_of_a_streaming_worker(clock, room=10)
+    clock.now = 14.0
+    m.streaming("c1", "w2")
+    m.check_failovers()
+    assert invariants(m) == []
+    assert m.failovers.judged == 1
+    # The survivors had no room to spare: the bound does not hold (DESIGN.md §3.11).
+    m = crash_of_a_streaming_worker(clock := Clock(), room=1)
+    clock.now = 30.0
+    m.check_failovers()
+    assert invariants(m) == []
+    # Another fault in the window.
+    m = crash_of_a_streaming_worker(clock := Clock(), room=10)
+    m.disturbance(11.0, 13.0)
+    clock.now = 30.0
+    m.check_failovers()
+    assert invariants(m) == []
+
+
+def test_a_connection_dark_until_its_stop_breaks_invariant_3() -> None:
+    clock = Clock()
+    m = monitor(clock)
+    m.started("c1")
+    call(m, "w1", 1, 1)
+    clock.now = 20.0  # dark for 20 s, bound 8
+    m.stopped("c1")
+    assert invariants(m) == [3]

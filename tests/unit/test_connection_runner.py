@@ -33,7 +33,8 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from local_stack.feed import serve_feed
 from worker import connection
-from worker.connection import ConnectionRunner, ConnectionSettings, Outcome
+from worker.connection import ConnectionRunner, Outcome
+from worker.connection_settings import ConnectionSettings
 from worker.connection_state import Ending
 from worker.delivery import Delivery
 from worker.metrics import FleetMetrics
@@ -875,10 +876,10 @@ async def test_the_upstream_close_goes_on_in_the_background_and_is_bounded():
 
 
 async def test_the_readers_clock_is_the_loops_own():
-    from worker.connection import _clock_of
+    from worker.message_pump import clock_of
 
     loop = asyncio.get_running_loop()
-    clock = _clock_of(loop)
+    clock = clock_of(loop)
     assert abs(clock() - loop.time()) < 0.05
 
     class ShiftedLoop(asyncio.SelectorEventLoop):
@@ -887,7 +888,7 @@ async def test_the_readers_clock_is_the_loops_own():
 
     shifted = ShiftedLoop()
     try:
-        assert _clock_of(shifted)() - loop.time() > 999  # a loop's own time() is kept
+        assert clock_of(shifted)() - loop.time() > 999  # a loop's own time() is kept
     finally:
         shifted.close()
 
@@ -922,6 +923,6 @@ async def test_a_handled_message_ends_the_failing_streak(failing_since_ms, on_it
     runner = make_runner(FakeStore(), Recorder(), "ws://127.0.0.1:9/unused")
     runner.failing.failing_since_ms = failing_since_ms
     runner.failing.on_item = on_item
-    assert runner._handled(5, 1) is clear
+    assert runner.pump._handled(5, 1) is clear
     assert runner.failing.failing_since_ms is None
     assert runner.checkpoint == 5

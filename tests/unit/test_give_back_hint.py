@@ -44,7 +44,7 @@ async def test_a_lease_given_back_unrun_is_hinted_once_free(
     def release(*args: Any) -> Released:
         return answer
 
-    w.send_reassign = send_reassign  # type: ignore[method-assign]
-    w._store.release = release  # type: ignore[method-assign]
-    await w._give_back_unrun(lease("c1"))
+    w.give_back._send_reassign = send_reassign
+    w.give_back._store.release = release  # type: ignore[method-assign]
+    await w.give_back.unrun(lease("c1"))
     assert sent == hinted

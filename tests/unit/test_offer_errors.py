@@ -5,21 +5,20 @@ unretrieved and unlogged)."""
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.support.bare_worker import bare_worker
 from worker.acquire_result import AcquireResult
+from worker.holdings import Holdings
+from worker.notices import Notices
 from wsfleet import session_rules
-from wsfleet.timing import LeaseTiming
 
 pytestmark = pytest.mark.timeout(10)
 
-TIMING = LeaseTiming.from_lease(2.5)
-
 
 async def test_an_offer_whose_acquire_raises_stays_and_the_others_are_acted_on() -> None:
-    w = bare_worker(TIMING)
     throttled = ClientError(
         {"Error": {"Code": "ProvisionedThroughputExceededException", "Message": "slow down"}},
         "UpdateItem",
@@ -30,10 +29,20 @@ async def test_an_offer_whose_acquire_raises_stays_and_the_others_are_acted_on()
             raise throttled
         return AcquireResult.WON
 
-    w.acquire = acquire  # type: ignore[method-assign]
+    async def send_reassign(connection_id: str) -> None:
+        raise AssertionError("a drain is never declined")
+
+    notices = Notices(
+        store=cast(Any, None),
+        holdings=Holdings(),
+        balancer=cast(Any, None),
+        acquire=acquire,
+        send_reassign=send_reassign,
+    )
     tokens = {
         session_rules.notice_token(cid, session_rules.DRAIN, 1_000, "ab12")
         for cid in ("c1", "c2", "c3")
     }
-    acted = await w._take_offers(tokens)
+    acted: set[str] = set()
+    await notices.act_on(tokens, acted)
     assert {session_rules.notice_connection_id(t) for t in acted} == {"c1", "c3"}

@@ -28,8 +28,8 @@ def offers(kind: str, *ids: str) -> set[str]:
 async def test_offers_that_find_every_slot_reserved_are_hinted() -> None:
     w = bare_worker(TIMING)
     # A live session, renewed just now.
-    w._session_gen, w._session_live = 1, True
-    w._deadline = asyncio.get_running_loop().time() + TIMING.lease
+    w.standing.gen, w.standing.live = 1, True
+    w.standing.deadline = asyncio.get_running_loop().time() + TIMING.lease
     while w.capacity.try_reserve():
         pass  # every slot reserved by a takeover whose transactions are in flight
     w.balancer.room = lambda: 5  # type: ignore[method-assign]  # its share has room
@@ -38,9 +38,10 @@ async def test_offers_that_find_every_slot_reserved_are_hinted() -> None:
     async def send_reassign(connection_id: str) -> None:
         hinted.append(connection_id)
 
-    w.send_reassign = send_reassign  # type: ignore[method-assign]
+    w.notices._send_reassign = send_reassign
     tokens = offers(session_rules.OFFER, "m1", "m2") | offers(session_rules.DRAIN, "d1")
-    acted = await w._take_offers(tokens)
+    acted: set[str] = set()
+    await w.notices.act_on(tokens, acted)
     assert await w.acquire("m1") is AcquireResult.NO_CAPACITY
     assert sorted(hinted) == ["d1", "m1", "m2"]
     assert acted == tokens  # acted on: the hint now stands for the offer
@@ -53,9 +54,11 @@ async def test_offers_to_a_worker_without_a_ready_session_are_hinted() -> None:
     async def send_reassign(connection_id: str) -> None:
         hinted.append(connection_id)
 
-    w.send_reassign = send_reassign  # type: ignore[method-assign]
+    w.notices._send_reassign = send_reassign
     tokens = offers(session_rules.DRAIN, "d1", "d2")
-    assert await w._take_offers(tokens) == tokens
+    acted: set[str] = set()
+    await w.notices.act_on(tokens, acted)
+    assert acted == tokens
     assert sorted(hinted) == ["d1", "d2"]
 
 
@@ -71,8 +74,10 @@ async def test_offers_won_or_held_elsewhere_are_not_hinted() -> None:
     async def send_reassign(connection_id: str) -> None:
         hinted.append(connection_id)
 
-    w.acquire = acquire  # type: ignore[method-assign]
-    w.send_reassign = send_reassign  # type: ignore[method-assign]
+    w.notices._acquire = acquire
+    w.notices._send_reassign = send_reassign
     tokens = offers(session_rules.DRAIN, "d1", "d2", "d3")
-    assert await w._take_offers(tokens) == tokens
+    acted: set[str] = set()
+    await w.notices.act_on(tokens, acted)
+    assert acted == tokens
     assert hinted == []

@@ -38,14 +38,14 @@ def worker_whose_acquire(answer: AcquireResult | Exception) -> tuple[Worker, lis
     async def send_reassign(connection_id: str) -> None:
         hinted.append(connection_id)
 
-    w.acquire = acquire  # type: ignore[method-assign]
-    w.send_reassign = send_reassign  # type: ignore[method-assign]
+    w.ownership.acquire = acquire  # type: ignore[method-assign]
+    w.ownership.send_reassign = send_reassign
     return w, hinted
 
 
 async def test_a_failed_acquire_after_a_restart_is_hinted_not_raised() -> None:
     w, hinted = worker_whose_acquire(ReadTimeoutError(endpoint_url="https://dynamodb"))
-    await w._after_release("c153", RESTARTED)
+    await w.ownership._after_release("c153", RESTARTED)
     assert hinted == ["c153"]
 
 
@@ -54,7 +54,7 @@ async def test_a_failed_acquire_after_a_restart_is_hinted_not_raised() -> None:
 )
 async def test_an_acquire_not_tried_after_a_restart_is_hinted(untried: AcquireResult) -> None:
     w, hinted = worker_whose_acquire(untried)
-    await w._after_release("c61", RESTARTED)
+    await w.ownership._after_release("c61", RESTARTED)
     assert hinted == ["c61"]
 
 
@@ -63,5 +63,5 @@ async def test_a_restart_taken_again_or_settled_elsewhere_sends_no_hint(
     settled: AcquireResult,
 ) -> None:
     w, hinted = worker_whose_acquire(settled)
-    await w._after_release("c61", RESTARTED)
+    await w.ownership._after_release("c61", RESTARTED)
     assert hinted == []

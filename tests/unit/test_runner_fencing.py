@@ -23,9 +23,9 @@ from tests.unit.test_connection_runner import (
     start,
     wait_for,
 )
-from worker.connection import DeadlineReachedError
 from worker.connection_state import Ending
 from worker.delivery import Delivery
+from worker.handler_calls import DeadlineReachedError
 from wsfleet import metric_names as m
 
 pytestmark = pytest.mark.timeout(30)

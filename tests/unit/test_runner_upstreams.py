@@ -25,7 +25,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from tests.unit.test_connection_runner import TIMING, FakeStore, Recorder, new_metrics, wait_for
-from worker.connection import ConnectionRunner, ConnectionSettings, Outcome
+from worker.connection import ConnectionRunner, Outcome
+from worker.connection_settings import ConnectionSettings
 from worker.connection_state import Ending
 from worker.credentials import SecretCache, SecretError
 from worker.upstream_protocol import JsonSeqProtocol

@@ -112,6 +112,6 @@ async def test_the_worker_says_whether_its_stray_release_landed() -> None:
             Released(released=False, restarted=False, checkpointed=False),
         ]
     )
-    w._store.release = lambda lease, kept, now_ms: next(answers)  # type: ignore[attr-defined]
+    w.give_back._store.release = lambda lease, kept, now_ms: next(answers)  # type: ignore[method-assign]
     assert await w.release_stray(entry("c1")) is True
     assert await w.release_stray(entry("c2")) is False

@@ -37,8 +37,8 @@ async def until(condition: Any, what: str) -> None:
 
 async def test_a_takeover_whose_caller_is_cancelled_is_still_awaited_by_the_shutdown() -> None:
     w = bare_worker(TIMING)
-    w._session_gen, w._session_live = 1, True
-    w._deadline = asyncio.get_running_loop().time() + TIMING.lease
+    w.standing.gen, w.standing.live = 1, True
+    w.standing.deadline = asyncio.get_running_loop().time() + TIMING.lease
     slots = w.capacity.free
     sent, answer = threading.Event(), threading.Event()
 
@@ -47,7 +47,7 @@ async def test_a_takeover_whose_caller_is_cancelled_is_still_awaited_by_the_shut
         answer.wait(5.0)  # the transaction in flight
         return {item.connection_id: TakeoverStep.GONE for item in chunk}
 
-    w._store.take_over_many = take_over_many  # type: ignore[method-assign]
+    w.ownership._store.take_over_many = take_over_many  # type: ignore[method-assign]
     dead = cast(Any, SimpleNamespace(expires_at_ms=0))
     caller = asyncio.create_task(w.take_over_many([listed("c1"), listed("c2")], dead, None))
     await until(sent.is_set, "the takeover's transaction sent")
@@ -56,8 +56,8 @@ async def test_a_takeover_whose_caller_is_cancelled_is_still_awaited_by_the_shut
     caller.cancel()  # the shutdown cancels the reconcile loop first
     await asyncio.gather(caller, return_exceptions=True)
     # What the shutdown waits for (Worker.shutdown: "attempts in flight finish").
-    assert set(w._acquiring) == {"c1", "c2"}
+    assert set(w.holdings.acquiring) == {"c1", "c2"}
     answer.set()
-    await asyncio.gather(*w._acquiring.values(), return_exceptions=True)
+    await asyncio.gather(*w.holdings.acquiring.values(), return_exceptions=True)
     assert w.capacity.free == slots
-    assert not w._acquiring
+    assert not w.holdings.acquiring

@@ -1,0 +1,45 @@
+"""What every connection of a worker shares: the store, the handler, the default
+protocol, the metrics, the timings and the upstream settings."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from worker.config import DEFAULT_PING_TIMEOUT
+from worker.connect_pacing import ConnectPacer
+from worker.credentials import SecretCache
+from worker.delivery import AnyHandler
+from worker.metrics import FleetMetrics
+from worker.upstream_protocol import UpstreamProtocol
+from wsfleet.lease_store import LeaseStore
+from wsfleet.timing import LeaseTiming
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionSettings:
+    """What every connection of a worker shares."""
+
+    store: LeaseStore
+    handler: AnyHandler
+    protocol: UpstreamProtocol
+    metrics: FleetMetrics
+    timing: LeaseTiming
+    worker_id: str
+    wall_ms: Callable[[], int]
+    rng: random.Random
+    skip_failed_messages: bool = False
+    ping_interval: float = 5.0
+    ping_timeout: float = DEFAULT_PING_TIMEOUT
+    max_message_bytes: int = 1 << 20
+    open_timeout: float = 10.0
+    fail_after: float = 600.0
+    """Seconds of failed attempts with no message handled before a connection is
+    parked (``UPSTREAM_FAIL_AFTER_SECONDS``)."""
+    secrets: SecretCache | None = None
+    """Where connections that name a secret read their credentials (None: such a
+    connection cannot connect)."""
+    pacer: ConnectPacer = field(default_factory=ConnectPacer)
+    """Paces every connect attempt per upstream host (``UPSTREAM_CONNECT_BURST``,
+    ``UPSTREAM_CONNECTS_PER_SECOND``); the default paces nothing."""
