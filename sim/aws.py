@@ -344,11 +344,49 @@ class SimQueue:
 
 
 class SimSQS:
-    """A boto3 SQS client for one queue (the start queue)."""
+    """A boto3 SQS client for one queue (the start queue).
 
-    def __init__(self, queue: SimQueue, caller: Caller) -> None:
+    ``lost(body)`` is told of each message this client received but its caller never
+    saw (the reply lost or too late) or never settled (its process crashed): the
+    message stays invisible for the visibility timeout, its hint lost meanwhile."""
+
+    def __init__(
+        self, queue: SimQueue, caller: Caller, lost: Callable[[str], None] | None = None
+    ) -> None:
         self._queue = queue
         self._caller = caller
+        self._lost = lost
+        self._unsettled: dict[str, str] = {}
+        """Receipt -> body of each message handed to the caller and not settled."""
+
+    def _receive(self, max_messages: int) -> list[dict[str, Any]]:
+        queue = self._queue
+        received: list[dict[str, Any]] = []
+
+        def apply(now: float) -> list[dict[str, Any]]:
+            messages = queue.receive(max_messages)
+            received.extend(messages)
+            return messages
+
+        try:
+            messages: list[dict[str, Any]] = self._caller.call("ReceiveMessage", apply)
+        except BaseException:
+            self._lose(received)
+            raise
+        got = {m["ReceiptHandle"] for m in messages}
+        self._lose([m for m in received if m["ReceiptHandle"] not in got])
+        self._unsettled.update((m["ReceiptHandle"], m["Body"]) for m in messages)
+        return messages
+
+    def _lose(self, messages: list[dict[str, Any]]) -> None:
+        if self._lost is not None:
+            for message in messages:
+                self._lost(message["Body"])
+
+    def crashed(self) -> None:
+        """The process died: what it received and did not settle is lost with it."""
+        unsettled, self._unsettled = self._unsettled, {}
+        self._lose([{"Body": body} for body in unsettled.values()])
 
     def send_message(self, *, QueueUrl: str, MessageBody: str) -> dict[str, Any]:  # noqa: N803
         queue = self._queue
@@ -357,15 +395,15 @@ class SimSQS:
 
     def receive_message(self, *, MaxNumberOfMessages: int, WaitTimeSeconds: int, **_: Any) -> Any:  # noqa: N803
         queue, caller = self._queue, self._caller
-        messages = caller.call("ReceiveMessage", lambda now: queue.receive(MaxNumberOfMessages))
+        messages = self._receive(MaxNumberOfMessages)
         if not messages and WaitTimeSeconds:
             await_only(queue.wait(caller.loop, WaitTimeSeconds))
-            messages = caller.call("ReceiveMessage", lambda now: queue.receive(MaxNumberOfMessages))
+            messages = self._receive(MaxNumberOfMessages)
         return {"Messages": messages} if messages else {}
 
     def delete_message(self, *, QueueUrl: str, ReceiptHandle: str) -> dict[str, Any]:  # noqa: N803
         queue = self._queue
-        self._caller.call("DeleteMessage", lambda now: queue.delete(ReceiptHandle))
+        self._settle(ReceiptHandle, "DeleteMessage", lambda now: queue.delete(ReceiptHandle))
         return {}
 
     def change_message_visibility(
@@ -376,8 +414,19 @@ class SimSQS:
         VisibilityTimeout: int,  # noqa: N803
     ) -> dict[str, Any]:
         queue = self._queue
-        self._caller.call(
+        self._settle(
+            ReceiptHandle,
             "ChangeMessageVisibility",
             lambda now: queue.change_visibility(ReceiptHandle, VisibilityTimeout),
         )
         return {}
+
+    def _settle(self, receipt: str, operation: str, apply: Callable[[float], Any]) -> None:
+        body = self._unsettled.pop(receipt, None)
+        try:
+            self._caller.call(operation, apply)
+        except BaseException:
+            # Unsettled, the message stays invisible (a failed hand-back, say).
+            if body is not None:
+                self._lose([{"Body": body}])
+            raise

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import logging
 import math
 import random
@@ -27,6 +28,7 @@ from worker.__main__ import AWS_THREADS
 from worker.config import DEFAULT_PING_TIMEOUT, WorkerConfig
 from worker.delivery import Delivery
 from worker.fleet_worker import Worker, WorkerDeps
+from worker.reconciler import sweep_bound
 from worker.upstream_protocol import load_protocol
 from wsfleet.lease_store import LeaseStore
 from wsfleet.session_store import SessionStore
@@ -148,7 +150,8 @@ class WorkerProcess:
         renew_retries = Retries.of(aws_clients.renew_config(timing))
         renewals = SimDynamoDB(fleet.engine, Caller(loop, link, renew_retries), fleet.hot)
         sqs_config = aws_clients.sqs_config(self.config.sqs_wait_seconds, AWS_THREADS)
-        sqs = SimSQS(fleet.queue, Caller(loop, link, Retries.of(sqs_config)))
+        sqs = SimSQS(fleet.queue, Caller(loop, link, Retries.of(sqs_config)), fleet.hint_lost)
+        self.sqs = sqs
         tokens = token_source(random.Random(fleet.rng.getrandbits(64)))
         self.deps = WorkerDeps(
             store=LeaseStore(dynamodb, TABLE, timing, tokens=tokens),  # type: ignore[arg-type]
@@ -205,6 +208,7 @@ class WorkerProcess:
     def crash(self) -> None:
         self.loop.crash()
         self.fleet.network.crash(self.loop)
+        self.sqs.crashed()
         room = sum(
             p.worker.capacity.free
             for p in self.fleet.alive()
@@ -332,6 +336,15 @@ class Fleet:
         self.last_fault_end = 0.0
         self.malformed: list[str] = []
         """Connection items put malformed (the fault of that name)."""
+
+    def hint_lost(self, body: str) -> None:
+        """A start queue message received and never acted on: invisible for the
+        visibility timeout, its connection waits for the sweep (docs/DESIGN.md
+        §3.11), whose bound excuses its darkness."""
+        connection_id = str(json.loads(body).get("connection_id", ""))
+        now = self.world.now
+        self.monitor.event(f"hint for {connection_id} lost", connection_id)
+        self.monitor.excuse(now, now + sweep_bound(self.timing), connection_id)
 
     def _accepted(self, path: str, peer: str) -> None:
         connection_id, _, _ = path.rpartition("-s")

@@ -774,6 +774,9 @@ def _run(fleet: Fleet, rng: random.Random, shape: Shape) -> Result:
     fleet.monitor.check_streaming(fleet.short_since)
     fleet.monitor.check_failovers()
     _check_parked(fleet)
+    for body in fleet.queue.dead_letters:
+        # The router and the workers send only valid hints: none is poison.
+        fleet.monitor.violated(5, f"a valid start queue message went to the DLQ: {body}")
     _shut_down(fleet)
     for error in world.errors:
         fleet.monitor.violated(5, f"unhandled: {error}")

@@ -173,6 +173,7 @@ class Worker:
             acquire=self.ownership.acquire,
             retry_seconds=max(1, round(config.timing.heartbeat)),
             rng=rng,
+            ready=lambda: self.standing.ready(self._clock()),
         )
         self.reconciler = Reconciler(
             store=deps.store,

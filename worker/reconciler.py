@@ -46,7 +46,7 @@ from wsfleet.item import ConnectionItem, MalformedItemError, connection_key_text
 from wsfleet.lease_store import LeaseStore
 from wsfleet.session_rules import SessionItem
 from wsfleet.session_store import SessionStore
-from wsfleet.timing import OWN_CHECK_PASSES
+from wsfleet.timing import OWN_CHECK_PASSES, LeaseTiming
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -54,6 +54,18 @@ T = TypeVar("T")
 MAX_FREE_PER_PASS = 1000
 PARALLEL_TAKES = 16
 UNOWNED_SHARDS_PER_PASS = 2
+
+
+def sweep_bound(timing: LeaseTiming) -> float:
+    """How soon a free connection that no hint reaches (its start hint lost with a
+    receiver that crashed, or with a reply that never came) is taken by the sweep of
+    a worker below its share: one rotation over the shards sees it, the next takes it
+    (a sighting must be two heartbeats old, well inside a rotation), passes at +20%
+    jitter, and a second for the acquire (docs/DESIGN.md §3.11)."""
+    rotation = schema.UNOWNED_SHARDS / UNOWNED_SHARDS_PER_PASS
+    return 2 * rotation * 1.2 * timing.reconcile + 1.0
+
+
 OWN_PAGE = 100
 """Entries per page of the worker's own listing (about 20 KB, 5 read units)."""
 

@@ -3,8 +3,10 @@
 
 Messages are hints (the table is the truth). A message is deleted once its outcome
 is known; on an error it becomes visible again after a short delay; a worker that
-cannot take it (full, closing) hands it straight back. A poison message is logged
-and left alone, so after ``maxReceiveCount`` receives it lands in the DLQ.
+cannot take it (full, closing) hands it straight back, and a worker that is full or
+has no ready session does not receive at all (every receive counts towards the DLQ).
+A poison message is logged and left alone, so after ``maxReceiveCount`` receives it
+lands in the DLQ.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Acquire = Callable[[str], Awaitable[AcquireResult]]
+
+READY_POLL_SECONDS = 0.1
+"""How often a worker without a ready session looks again before it receives."""
 
 
 class StartQueue:
@@ -96,8 +101,11 @@ class StartConsumer:
         acquire: Acquire,
         retry_seconds: int,
         rng: random.Random,
+        ready: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``ready()``: whether the worker has a session it may take work under."""
         self._queue = queue
+        self._ready = ready
         self._capacity = capacity
         self._acquire = acquire
         self._retry_seconds = retry_seconds
@@ -111,6 +119,13 @@ class StartConsumer:
                 # A full worker does not receive at all, so valid starts never
                 # drift towards the DLQ while it waits.
                 await self._capacity.wait_for_free()
+                continue
+            if not self._ready():
+                # Nor does a worker without a ready session (opening one, or its
+                # DynamoDB failing): every acquire would answer "no session" and hand
+                # the hint back, and each receive counts towards the DLQ's
+                # maxReceiveCount, so a few seconds of it sent valid starts there.
+                await asyncio.sleep(READY_POLL_SECONDS)
                 continue
             # The poll runs shielded: if this loop is cancelled at shutdown, the poll
             # still completes and :meth:`drain` hands back what it received.
