@@ -151,6 +151,10 @@ class StartConsumer:
         try:
             messages = await asyncio.wait_for(asyncio.shield(poll), within)
         except Exception:
+            # A poll still hanging (its call stuck on a partition) ends later: its
+            # error is logged then, not left unretrieved; what it receives comes back
+            # after the visibility timeout.
+            poll.add_done_callback(_log_late_poll)
             return 0
         for message in messages:
             await self._settle(self._queue.retry_later(message["ReceiptHandle"], 0))
@@ -206,3 +210,10 @@ class StartConsumer:
         except Exception as error:
             # Harmless: the message comes back as a hint and is settled again.
             log.warning("could not settle a start message", extra={"error": repr(error)})
+
+
+def _log_late_poll(poll: asyncio.Future[list[MessageTypeDef]]) -> None:
+    if not poll.cancelled() and poll.exception() is not None:
+        log.warning(
+            "a start-queue poll ended after the shutdown", extra={"error": repr(poll.exception())}
+        )
