@@ -473,6 +473,7 @@ def build(deployment: Deployment, work_dir: Path, inspector: DynamoDBClient) -> 
         sessions=SessionStore(clients.dynamodb, config.table_name, config.timing),
         renewals=SessionStore(clients.renewals, config.table_name, config.timing),
         sqs=clients.sqs,
+        sqs_poll=clients.sqs_poll,
         handler=handler,
         protocol=JsonSeqProtocol(),
     )

@@ -351,10 +351,18 @@ class SimSQS:
     message stays invisible for the visibility timeout, its hint lost meanwhile."""
 
     def __init__(
-        self, queue: SimQueue, caller: Caller, lost: Callable[[str], None] | None = None
+        self,
+        queue: SimQueue,
+        caller: Caller,
+        lost: Callable[[str], None] | None = None,
+        *,
+        poll: Caller | None = None,
     ) -> None:
+        """``caller``: every call but ReceiveMessage; ``poll``: ReceiveMessage's (None:
+        ``caller``), as the worker has a client of its own for the long poll."""
         self._queue = queue
         self._caller = caller
+        self._poll = caller if poll is None else poll
         self._lost = lost
         self._unsettled: dict[str, str] = {}
         """Receipt -> body of each message handed to the caller and not settled."""
@@ -369,7 +377,7 @@ class SimSQS:
             return messages
 
         try:
-            messages: list[dict[str, Any]] = self._caller.call("ReceiveMessage", apply)
+            messages: list[dict[str, Any]] = self._poll.call("ReceiveMessage", apply)
         except BaseException:
             self._lose(received)
             raise
@@ -394,7 +402,7 @@ class SimSQS:
         return {"MessageId": message_id}
 
     def receive_message(self, *, MaxNumberOfMessages: int, WaitTimeSeconds: int, **_: Any) -> Any:  # noqa: N803
-        queue, caller = self._queue, self._caller
+        queue, caller = self._queue, self._poll
         messages = self._receive(MaxNumberOfMessages)
         if not messages and WaitTimeSeconds:
             await_only(queue.wait(caller.loop, WaitTimeSeconds))

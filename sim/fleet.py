@@ -149,8 +149,14 @@ class WorkerProcess:
         dynamodb = SimDynamoDB(fleet.engine, Caller(loop, link, dynamodb_retries), fleet.hot)
         renew_retries = Retries.of(aws_clients.renew_config(timing))
         renewals = SimDynamoDB(fleet.engine, Caller(loop, link, renew_retries), fleet.hot)
-        sqs_config = aws_clients.sqs_config(self.config.sqs_wait_seconds, AWS_THREADS)
-        sqs = SimSQS(fleet.queue, Caller(loop, link, Retries.of(sqs_config)), fleet.hint_lost)
+        sqs_calls = Retries.of(aws_clients.sqs_config(AWS_THREADS))
+        sqs_poll = Retries.of(aws_clients.sqs_poll_config(self.config.sqs_wait_seconds))
+        sqs = SimSQS(
+            fleet.queue,
+            Caller(loop, link, sqs_calls),
+            fleet.hint_lost,
+            poll=Caller(loop, link, sqs_poll),
+        )
         self.sqs = sqs
         tokens = token_source(random.Random(fleet.rng.getrandbits(64)))
         self.deps = WorkerDeps(

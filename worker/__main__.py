@@ -65,6 +65,7 @@ def main() -> int:
         sessions=SessionStore(clients.dynamodb, config.table_name, config.timing),
         renewals=SessionStore(clients.renewals, config.table_name, config.timing),
         sqs=clients.sqs,
+        sqs_poll=clients.sqs_poll,
         handler=handler,
         protocol=protocol,
         secrets=SecretCache(

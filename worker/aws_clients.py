@@ -36,6 +36,9 @@ class Clients:
     renewals: DynamoDBClient
     """The session renew's own client (docs/DESIGN.md §4): never shared."""
     sqs: SQSClient
+    """Every SQS call but the long poll."""
+    sqs_poll: SQSClient
+    """The start queue's long poll."""
     secrets: Any
     """Secrets Manager, for connections that name a secret (worker.credentials)."""
 
@@ -68,15 +71,32 @@ def renew_config(timing: LeaseTiming) -> Config:
     )
 
 
-def sqs_config(wait_seconds: int, pool_size: int) -> Config:
-    # A long poll holds the request open for ``wait_seconds``; the read timeout
-    # must outlast it. At shutdown every released lease sends a reassign at once,
-    # from as many threads as the executor has: the pool matches it.
+SQS_CALL_TIMEOUT = 2
+"""Seconds an SQS call other than the long poll waits for its answer, per attempt."""
+
+
+def sqs_config(pool_size: int) -> Config:
+    """Every SQS call but the long poll (hints sent, messages deleted or handed back):
+    an answer takes milliseconds, so a lost one is abandoned after two seconds, not
+    after the long poll's read timeout; whoever waits on a hint (a reconcile pass, a
+    release) is held up for seconds at most. At shutdown every released lease sends
+    a reassign at once, from as many threads as the executor has: the pool matches it."""
+    return Config(
+        connect_timeout=2,
+        read_timeout=SQS_CALL_TIMEOUT,
+        retries={"mode": "standard", "total_max_attempts": 3},
+        max_pool_connections=pool_size,
+    )
+
+
+def sqs_poll_config(wait_seconds: int) -> Config:
+    """The long poll's own client: it holds the request open for ``wait_seconds``, so
+    its read timeout must outlast that (and only it may wait that long)."""
     return Config(
         connect_timeout=2,
         read_timeout=wait_seconds + 5,
         retries={"mode": "standard", "total_max_attempts": 3},
-        max_pool_connections=pool_size,
+        max_pool_connections=2,
     )
 
 
@@ -109,8 +129,9 @@ def make_clients(timing: LeaseTiming, *, sqs_wait_seconds: int, pool_size: int) 
             "dynamodb", region_name=region, config=dynamodb_config(timing, pool_size)
         ),
         renewals=session.client("dynamodb", region_name=region, config=renew_config(timing)),
-        sqs=session.client(
-            "sqs", region_name=region, config=sqs_config(sqs_wait_seconds, pool_size)
+        sqs=session.client("sqs", region_name=region, config=sqs_config(pool_size)),
+        sqs_poll=session.client(
+            "sqs", region_name=region, config=sqs_poll_config(sqs_wait_seconds)
         ),
         secrets=session.client("secretsmanager", region_name=region, config=SECRETS_CONFIG),
     )

@@ -74,6 +74,7 @@ class WorkerDeps:
     renewals: SessionStore
     """The session renew's own store: its own client, one short attempt per request."""
     sqs: SQSClient
+    """Every SQS call but the long poll (short timeouts: worker.aws_clients)."""
     handler: AnyHandler
     protocol: UpstreamProtocol
     wall_ms: Callable[[], int] = wall_clock_ms
@@ -90,6 +91,8 @@ class WorkerDeps:
     """How often event-loop lag is sampled (None: not sampled)."""
     metrics_out: TextIO | None = None
     """Where the EMF documents go (None: standard output)."""
+    sqs_poll: SQSClient | None = None
+    """The start queue's long poll, whose read timeout outlasts the poll (None: ``sqs``)."""
 
 
 class Worker:
@@ -142,7 +145,11 @@ class Worker:
             tokens=deps.tokens,
         )
         self.queue = StartQueue(
-            deps.sqs, config.queue_url, wait_seconds=config.sqs_wait_seconds, threads=deps.threads
+            deps.sqs,
+            config.queue_url,
+            wait_seconds=config.sqs_wait_seconds,
+            threads=deps.threads,
+            poll=deps.sqs_poll,
         )
         self.give_back = GiveBack(
             worker_id=config.worker_id,

@@ -421,6 +421,7 @@ class Reconciler:
             entries += found
         self._owner.own_entries_listed({item.connection_id for item in entries})
         await self._owner.recheck_changed(entries)
+        released: list[str] = []
         for item in entries:
             cid = item.connection_id
             if self._owner.holds(cid) or self._owner.recently_released(cid):
@@ -430,10 +431,12 @@ class Reconciler:
                 extra={"connection_id": cid, "epoch": item.lease_epoch},
             )
             if await self._owner.release_stray(item) and item.started:
-                # Back in the unowned index, where every worker at or above its share
-                # leaves it (and this one does not take back what it just released):
-                # a hint hands it to whoever has a free slot now.
-                await self._owner.send_reassign(cid)
+                released.append(cid)
+        # Back in the unowned index, where every worker at or above its share leaves
+        # them (and this one does not take back what it just released): a hint hands
+        # each to whoever has a free slot now. Sent together once every stray is
+        # released: a slow hint must not hold the next stray's release.
+        await asyncio.gather(*(self._owner.send_reassign(cid) for cid in released))
 
     async def _own_entries(self, gen: int) -> list[ConnectionItem]:
         """The ``by-owner`` entries of this worker's session ``gen``, :data:`OWN_PAGE`

@@ -44,16 +44,25 @@ class StartQueue:
     """Thin async wrapper over the start queue."""
 
     def __init__(
-        self, sqs: SQSClient, queue_url: str, *, wait_seconds: int, threads: Threads = OS_THREADS
+        self,
+        sqs: SQSClient,
+        queue_url: str,
+        *,
+        wait_seconds: int,
+        threads: Threads = OS_THREADS,
+        poll: SQSClient | None = None,
     ) -> None:
+        """``sqs``: every call but the long poll; ``poll``: the long poll's own client
+        (None: ``sqs``), the only one whose read timeout outlasts ``wait_seconds``."""
         self._sqs = sqs
+        self._poll = sqs if poll is None else poll
         self._url = queue_url
         self._wait = wait_seconds
         self._threads = threads
 
     async def receive(self, max_messages: int) -> list[MessageTypeDef]:
         response = await in_daemon_thread(
-            lambda: self._sqs.receive_message(
+            lambda: self._poll.receive_message(
                 QueueUrl=self._url,
                 MaxNumberOfMessages=max(1, min(10, max_messages)),
                 WaitTimeSeconds=self._wait,

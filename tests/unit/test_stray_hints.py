@@ -8,6 +8,7 @@ and left 8.4 s dark)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from types import SimpleNamespace
 from typing import Any, cast
@@ -115,3 +116,32 @@ async def test_the_worker_says_whether_its_stray_release_landed() -> None:
     w.give_back._store.release = lambda lease, kept, now_ms: next(answers)  # type: ignore[method-assign]
     assert await w.release_stray(entry("c1")) is True
     assert await w.release_stray(entry("c2")) is False
+
+
+class SlowHintOwner(Owner):
+    """Its hints answer only once every stray is released: a hint sent before the
+    next release would wait forever."""
+
+    def __init__(self, entries: list[ConnectionItem]) -> None:
+        super().__init__(entries, landed={e.connection_id for e in entries})
+        self.all_released = asyncio.Event()
+
+    async def release_stray(self, seen: ConnectionItem) -> bool:
+        landed = await super().release_stray(seen)
+        if len(self.released) == len(self.entries):
+            self.all_released.set()
+        return landed
+
+    async def send_reassign(self, connection_id: str) -> None:
+        await self.all_released.wait()
+        self.hinted.append(connection_id)
+
+
+async def test_a_hint_slow_to_answer_does_not_hold_the_next_strays_release() -> None:
+    # Seed 200037 (draws of 116d324): the own-check released its first stray, and the
+    # hint's reply was lost; the pass waited out the long poll's read timeout before
+    # the next stray, which stayed dark 10.7 s after the fault healed.
+    owner = SlowHintOwner([entry("c1"), entry("c33"), entry("c141")])
+    await asyncio.wait_for(reconciler(owner).release_strays(), 5.0)
+    assert owner.released == ["c1", "c33", "c141"]
+    assert sorted(owner.hinted) == ["c1", "c141", "c33"]
