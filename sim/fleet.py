@@ -341,6 +341,9 @@ class Fleet:
         self.short_since: float | None = None
         self.last_fault_end = 0.0
         self.malformed: list[str] = []
+        self.log_triggers: list[tuple[str, str, Callable[[], None]]] = []
+        """One-shot (process name, text, action): ``action`` runs, in the process's
+        step, when that process logs a warning or an error containing ``text``."""
         """Connection items put malformed (the fault of that name)."""
 
     def hint_lost(self, body: str) -> None:
@@ -409,10 +412,15 @@ def capture_logs(fleet: Fleet) -> logging.Handler:
                 for key in ("connection_id", "session_gen", "epoch", "error")
                 if key in extra
             )
+            message = record.getMessage()
             fleet.monitor.note(
-                f"{who} {record.levelname} {record.getMessage()} {about}",
-                extra.get("connection_id"),
+                f"{who} {record.levelname} {message} {about}", extra.get("connection_id")
             )
+            for trigger in fleet.log_triggers:
+                if trigger[0] == who and trigger[1] in message:
+                    fleet.log_triggers.remove(trigger)
+                    trigger[2]()
+                    break
 
     handler = ToTrail(logging.WARNING)
     return handler

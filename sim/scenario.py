@@ -238,21 +238,48 @@ class Schedule:
         self._replace_later(at)
 
     def pause_in_shutdown(self, at: float) -> None:
-        """A worker told to stop is stopped itself (starved of CPU, a long collector
-        pause) for about its whole shutdown budget: when it runs again, the budget has
-        run out while its connections were still ending, and the shutdown cancels
-        them (each must still be released, its slot given back and its hint sent)."""
+        """Half the fleet is told to stop (a deployment replacing half its tasks), and
+        a moment later one more worker, which the rest has no room for: its drain
+        hands over what it can and releases the rest itself. Meanwhile it is stopped
+        (starved of CPU, a long collector pause) for longer than its shutdown budget:
+        when it runs again the budget has run out while its connections were still
+        being released, and the shutdown cancels them (each must still be released,
+        its slot given back and its hint sent)."""
         fleet = self.fleet
-        budget = fleet.timing.shutdown_budget
-        after, seconds = self.rng.uniform(0.0, 1.0), budget * self.rng.uniform(0.7, 1.3)
+        seconds = fleet.timing.shutdown_budget * self.rng.uniform(1.0, 1.3)
+        later = self.rng.uniform(1.5, 3.0)
+        rng = random.Random(self.rng.getrandbits(64))
 
-        def act(process: WorkerProcess) -> None:
+        def stop(process: WorkerProcess) -> None:
             process.terminate()
-            fleet.world.at(fleet.world.now + after, lambda: fleet.pause(process, seconds))
+            # Each replaced a few seconds later, as a deployment would.
+            fleet.world.at(fleet.world.now + rng.uniform(3.0, 15.0), self._start_worker)
 
-        name = f"SIGTERM, then a pause of {seconds:.1f}s after {after:.1f}s"
-        self._on_worker(at, name, act, after + seconds, after + seconds)
-        self._replace_later(at)
+        def run() -> None:
+            alive = fleet.alive()
+            if len(alive) < 2:
+                return
+            stopping = rng.sample(alive, (len(alive) + 1) // 2)
+            rest = [p for p in alive if p not in stopping]
+            last = rng.choice(rest) if rest else stopping.pop()
+            monitor = fleet.monitor
+            names = ", ".join(p.name for p in stopping)
+            monitor.event(
+                f"fault: {names} stopped at once, {last.name} {later:.1f}s later and"
+                f" paused {seconds:.1f}s in its shutdown"
+            )
+            now = monitor.now()
+            for process in (*stopping, last):
+                monitor.worker_disturbed(process.name, now, now + later + seconds)
+            fleet.log_triggers.append(
+                (last.name, "not handed over", lambda: fleet.pause(last, seconds))
+            )
+            for process in stopping:
+                stop(process)
+            fleet.world.at(now + later, lambda: stop(last))
+
+        heals = later + seconds
+        self.add(at, "half the fleet stopped, then one more", run, heals=heals, excuse=heals)
 
     def scale_out(self, at: float) -> None:
         self.add(at, "scale-out", self._start_worker)

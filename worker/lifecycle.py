@@ -115,6 +115,13 @@ class Lifecycle:
         await asyncio.gather(*holdings.acquiring.values(), return_exceptions=True)
         count = len(holdings.runners)
         handed = await self._drain()
+        if holdings.runners:
+            # The others had no room for them (or the hand-over failed): each ends
+            # here, released with a ``reassign`` hint for whoever has room later.
+            log.warning(
+                "connections not handed over; releasing them with hints",
+                extra={"connections": len(holdings.runners)},
+            )
         for runner in list(holdings.runners.values()):
             runner.stop(Ending.SHUTDOWN)
         await self._wait_for_connections()
