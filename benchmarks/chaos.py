@@ -7,7 +7,7 @@ version of the test suite, ``python -m benchmarks.chaos --duration 25 --workers 
 --connections 12``.
 
 Everything runs on loopback with its own DynamoDB Local, moto and feed on free ports,
-and scaled timings (lease 2 s: heartbeat 0.5 s, reconcile 0.5 s, skew 0.1 s). Each
+and scaled timings (lease 2 s: heartbeat 0.5 s, reconcile 0.5 s). Each
 worker reaches DynamoDB through its own :class:`~benchmarks.tcp_proxy.TcpProxy`, so one
 worker can be cut off. Every worker records each delivery (worker, connection, epoch,
 seq, time) with :mod:`benchmarks.handlers`.

@@ -87,9 +87,13 @@ class SessionCycle:
             gen += 1
             sent_at = loop.time()
             try:
+                # On the renew's client, with its timeout (the fence window): an answer
+                # that slow still opens a session worth having, and a worker whose
+                # DynamoDB is slow (a brownout) must not be kept from opening one by a
+                # timeout its renews would not have hit.
                 opened = await loop.run_in_executor(
                     None,
-                    self._sessions.open,
+                    self._renewals.open,
                     self._worker_id,
                     gen,
                     self._wall_ms(),

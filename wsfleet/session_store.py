@@ -127,13 +127,15 @@ class SessionStore:
         now_ms: int,
         takers: session_rules.Takers | None = None,
     ) -> bool:
-        """Mark a lapsed session DEAD, recording ``takers`` (who takes which of its
-        connections) when given; True for exactly one of any number of reapers."""
+        """Mark a session DEAD, on condition that its beat is still ``session.beat``
+        (the one the reaper saw unchanged for ``expire_after``: the caller decides
+        that), recording ``takers`` (who takes which of its connections) when given;
+        True for exactly one of any number of reapers."""
         return self._conditional(
             session.worker_id,
             session.session_gen,
             session_rules.reap_update(
-                reaper, now_ms, self._timing, takers, state_absent=session.state is None
+                reaper, now_ms, session.beat, takers, state_absent=session.state is None
             ),
         )
 

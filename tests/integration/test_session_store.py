@@ -29,7 +29,8 @@ from wsfleet.session_store import SessionRenewed, SessionStore
 pytestmark = pytest.mark.timeout(scaled(240))
 
 TIMING = STORE_TIMING
-LAPSED = T0 + TIMING.lease_ms + TIMING.skew_ms + 1
+LAPSED = T0 + TIMING.lease_ms + 1
+"""A wall time for the reaps' records: it decides nothing."""
 """The first instant at which a session opened (or last renewed) at T0 may be reaped."""
 
 
@@ -150,12 +151,10 @@ def test_sixteen_reapers_of_a_lapsed_session_then_sixteen_takers_of_its_200_conn
 def test_a_late_renew_after_a_reap_is_refused_and_never_revives_the_session(sessions):
     assert sessions.open("w1", 1, T0, capacity=10)
     assert isinstance(sessions.renew("w1", 1, T0 + 1_000, connections=3), SessionRenewed)
-    reap_at = T0 + 1_000 + TIMING.lease_ms + TIMING.skew_ms + 1
+    reap_at = T0 + 1_000 + TIMING.lease_ms + 1
     assert sessions.reap(session_of(sessions, "w1"), "w2", reap_at)
     for sent in (T0 + 1_500, reap_at, reap_at + 10**6):  # late, on time, far later
-        result = sessions.renew("w1", 1, sent, connections=3)
-        assert result is RenewRefusal.REAPED
-        assert not result.keeps_session
+        assert sessions.renew("w1", 1, sent, connections=3) is RenewRefusal.REAPED
     session = session_of(sessions, "w1")
     assert (session.state, session.reaped_by, session.reaped_at_ms) == (schema.DEAD, "w2", reap_at)
     assert session.expires_at_ms == T0 + 1_000 + TIMING.lease_ms
@@ -179,25 +178,34 @@ def test_a_reap_records_its_plan_and_a_refused_reap_leaves_it_alone(sessions):
     assert session_of(sessions, "w5").takers is None
 
 
-def test_a_session_is_reaped_only_once_lapsed_by_more_than_the_skew(sessions):
+def test_a_reap_passes_only_on_the_beat_its_reaper_saw(sessions):
+    """The reap's condition is the beat, not a time: a renew that lands after the
+    reaper's listing fails it, whatever the wall clocks say (here a reap stamped an
+    hour early, and one stamped an hour late)."""
     assert sessions.open("w1", 1, T0, capacity=1)
-    session = session_of(sessions, "w1")
-    assert (session.expires_at_ms, session.started_at_ms) == (T0 + TIMING.lease_ms, T0)
-    assert not sessions.reap(session, "w2", T0 + TIMING.lease_ms + TIMING.skew_ms)
+    seen = session_of(sessions, "w1")
+    assert (seen.beat, seen.expires_at_ms, seen.started_at_ms) == (0, T0 + TIMING.lease_ms, T0)
+    assert isinstance(sessions.renew("w1", 1, T0 + 600, connections=0), SessionRenewed)
+    assert not sessions.reap(seen, "w2", T0 + 3_600_000)
     assert session_of(sessions, "w1").alive
-    assert sessions.reap(session, "w2", T0 + TIMING.lease_ms + TIMING.skew_ms + 1)
+    renewed = session_of(sessions, "w1")
+    assert renewed.beat == 1
+    assert sessions.reap(renewed, "w2", T0 - 3_600_000)
+    assert session_of(sessions, "w1").state == schema.DEAD
 
 
-def test_a_renew_arriving_after_a_later_one_is_superseded_and_moves_nothing(sessions):
+def test_every_renew_that_lands_changes_the_beat_in_any_order(sessions):
+    """Renews overlap (one a heartbeat, each awaited for the fence window): one that
+    lands after a later one still lands, and still changes the beat, so a reaper that
+    saw neither cannot reap. The wall-clock expiry it writes is for people."""
     assert sessions.open("w1", 1, T0, capacity=4)
     assert isinstance(sessions.renew("w1", 1, T0 + 2_000, connections=2), SessionRenewed)
-    late = sessions.renew("w1", 1, T0 + 1_000, connections=1)
-    assert late is RenewRefusal.SUPERSEDED
-    assert late.keeps_session
+    assert isinstance(sessions.renew("w1", 1, T0 + 1_000, connections=1), SessionRenewed)
     session = session_of(sessions, "w1")
-    assert (session.expires_at_ms, session.connections) == (T0 + 2_000 + TIMING.lease_ms, 2)
-    # A retry of the renew that landed writes the same expiry, and passes.
-    assert isinstance(sessions.renew("w1", 1, T0 + 2_000, connections=2), SessionRenewed)
+    assert (session.beat, session.connections) == (2, 1)
+    # A wall clock stepped back an hour changes nothing either.
+    assert isinstance(sessions.renew("w1", 1, T0 - 3_600_000, connections=1), SessionRenewed)
+    assert session_of(sessions, "w1").beat == 3
 
 
 def test_a_session_is_opened_once_per_generation_and_listed(sessions):

@@ -978,7 +978,7 @@ def store_script(client: Any, table: str) -> list[Any]:
     out.append(sessions.write_page("w1", 1, entries, T0 + 10))
     out.append(sessions.write_page("w1", 1, entries, T0 + 9))
     out.append(sessions.read_page("w1", 1))
-    lapsed = T0 + STORE_TIMING.lease_ms + STORE_TIMING.skew_ms + 100
+    lapsed = T0 + STORE_TIMING.lease_ms + 100
     w1 = sessions.get_session("w1", 1)
     assert w1 is not None
     out.append(sessions.reap(w1, "w2", lapsed))

@@ -22,7 +22,7 @@ from wsfleet.lease_store import LeaseStore
 from wsfleet.session_store import SessionStore
 from wsfleet.timing import LeaseTiming
 
-SCALED_TIMING = LeaseTiming.from_lease(2.0, heartbeat=0.5, reconcile=0.5, skew=0.2)
+SCALED_TIMING = LeaseTiming.from_lease(2.0, heartbeat=0.5, reconcile=0.5)
 """The scaled timings of the tests and outside checks."""
 
 
