@@ -133,6 +133,14 @@ def _worker_alarms(f: MonitoredFleet) -> list[AlarmSpec]:
             "them until they are started again",
         ),
         AlarmSpec(
+            "ForeignSessionProtocol",
+            f.worker(m.FOREIGN_SESSIONS),
+            1,
+            "workers of another session protocol share the table: the new ones refuse "
+            "to open sessions until the others are gone (docs/DEPLOY.md, changing the "
+            "session protocol)",
+        ),
+        AlarmSpec(
             "NoWorkerRunning",
             f.container_insights("RunningTaskCount", statistic=cw.Stats.MINIMUM),
             1,

@@ -161,6 +161,7 @@ class Reconciler:
         self._sightings = FreeSightings(grace)
         self._passes_to_own_check = rng.randrange(OWN_CHECK_PASSES)
         self._listed: list[SessionItem] = []
+        self._foreign_seen: set[tuple[str, int]] = set()
         self.watch = SessionWatch(store.timing)
         """What this worker has seen of the sessions: expiry is decided from it."""
 
@@ -234,6 +235,22 @@ class Reconciler:
         return taken, draining
 
     async def _reap_and_sweep(self, session: SessionItem, sessions: list[SessionItem]) -> list[str]:
+        if session_rules.foreign([session]):
+            # Renewed by rules this worker does not read (no beat): never reaped here.
+            # The worker that opened it refuses to share the table the same way.
+            if session.key not in self._foreign_seen:
+                self._foreign_seen.add(session.key)
+                self._metrics.count(m.FOREIGN_SESSIONS)
+                log.error(
+                    "a live session of another session protocol shares this table;"
+                    " it is never reaped here (docs/DEPLOY.md)",
+                    extra={
+                        "session_worker": session.worker_id,
+                        "session_gen": session.session_gen,
+                        "protocol": session.protocol or 1,
+                    },
+                )
+            return []
         entries: list[ConnectionItem] | None = None
         if self.watch.lapsed(session, self._clock()):
             reaped, entries = await self._reap(session, sessions)

@@ -131,6 +131,17 @@ def notices_of(plain: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(n for n in notices if isinstance(n, str))
 
 
+def foreign(sessions: Iterable[SessionItem]) -> list[SessionItem]:
+    """The live sessions of another session protocol (an item without one is protocol
+    1): a worker must not share the table with them, since each side would read the
+    other's sessions by the wrong rules (docs/DEPLOY.md)."""
+    return [
+        session
+        for session in sessions
+        if session.reapable and (session.protocol or 1) != schema.SESSION_PROTOCOL_NOW
+    ]
+
+
 def _integer_or_none(raw: Any) -> int | None:
     """Compared, never trusted: anything but an integer reads as absent."""
     return raw if isinstance(raw, int) and not isinstance(raw, bool) else None

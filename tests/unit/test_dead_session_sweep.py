@@ -54,6 +54,7 @@ class Table:
                 "connections": connections,
                 "capacity": MAX,
                 "beat": 0,
+                "proto": schema.SESSION_PROTOCOL_NOW,
             }.items()
         }
 
@@ -355,3 +356,22 @@ def test_connections_handed_to_a_session_that_died_before_taking_them_are_hinted
     table.now_ms = T0 + 700
     asyncio.run(reconciler.sweep_sessions())
     assert owner.hinted == ["m1", "m2"]
+
+
+def test_a_live_session_of_another_protocol_is_never_reaped():
+    """A protocol-1 session (no beat, no protocol) renews by its writer's wall clock:
+    its beat never changes, so a protocol-2 worker would reap it while it runs. It is
+    left alone, and counted once."""
+    table, workers = fleet(3, {"a": 0})
+    for attribute in ("beat", "proto"):
+        del table.sessions[DEAD][attribute]
+    counted: list[str] = []
+    reconciler, owner = workers["a"]
+    reconciler._metrics = SimpleNamespace(count=lambda name, value=1: counted.append(name))
+    reconciler.watch.observe(Sessions(table).list_sessions(), table.now)
+    table.advance(10 * TIMING.expire_after)
+    assert sweep(workers, "a") == []
+    assert sweep(workers, "a") == []
+    assert table.session(DEAD).alive
+    assert owner.taken == []
+    assert counted == ["ForeignSessions"]
