@@ -132,14 +132,24 @@ def notices_of(plain: Mapping[str, Any]) -> frozenset[str]:
 
 
 def foreign(sessions: Iterable[SessionItem]) -> list[SessionItem]:
-    """The live sessions of another session protocol (an item without one is protocol
-    1): a worker must not share the table with them, since each side would read the
-    other's sessions by the wrong rules (docs/DEPLOY.md)."""
+    """The live sessions of another session protocol: a worker must not share the
+    table with them, since each side would read the other's sessions by the wrong
+    rules (docs/DEPLOY.md). A protocol-1 session is ALIVE with neither a protocol nor a
+    beat; an item that lost its state as well is damaged, not foreign, and is reaped
+    like any other once it lapsed (docs/DESIGN.md §2.2)."""
     return [
         session
         for session in sessions
-        if session.reapable and (session.protocol or 1) != schema.SESSION_PROTOCOL_NOW
+        if session.reapable and _protocol_of(session) != schema.SESSION_PROTOCOL_NOW
     ]
+
+
+def _protocol_of(session: SessionItem) -> int:
+    if session.protocol is not None:
+        return session.protocol
+    if session.alive and session.beat is None:
+        return 1
+    return schema.SESSION_PROTOCOL_NOW
 
 
 def _integer_or_none(raw: Any) -> int | None:

@@ -45,6 +45,7 @@ async def test_no_session_is_opened_beside_a_live_session_of_another_protocol(
     old = open_protocol_1_session(ddb, table, "old-worker")
     caplog.set_level(logging.ERROR, logger="worker.session_cycle")
     async with in_process_worker(ddb, table, sqs, queues.queue_url, tmp_path) as running:
+
         def refusals() -> list[logging.LogRecord]:
             return [r for r in caplog.records if "refusing to open a session" in r.message]
 

@@ -1210,3 +1210,20 @@ def test_without_a_plan_the_rules_before_it_apply():
     assert _sweep(old, "r", listing, 150, 0.0) == DEAD_IDS[:150]
     assert _sweep(old, "x", listing, 500, 0.0) == DEAD_IDS[150:][::-1]
     assert _sweep(old, "x", [], 3, 0.0) == DEAD_IDS[::-1][:3]
+
+
+@pytest.mark.parametrize(
+    ("state", "beat", "protocol", "is_foreign"),
+    [
+        (schema.ALIVE, None, None, True),  # a protocol-1 worker's live session
+        (schema.ALIVE, 4, None, False),  # a beat: ours, its protocol attribute lost
+        (schema.ALIVE, 4, 2, False),
+        (schema.ALIVE, 4, 3, True),  # a later protocol
+        (None, None, None, False),  # damaged (no state either): reaped once lapsed
+        (None, None, 1, True),
+        (schema.DEAD, None, None, False),  # no longer live: nothing to share
+    ],
+)
+def test_which_sessions_are_of_another_protocol(state, beat, protocol, is_foreign):
+    session = SessionItem("w", 1, state, 0, beat=beat, protocol=protocol)
+    assert session_rules.foreign([session]) == ([session] if is_foreign else [])
