@@ -97,6 +97,10 @@ PAGE_ENTRIES: Final = "entries"
 """Binary: zlib-compressed JSON rows ``[connection_id, epoch, seq_gen, seq, ms before the
 write when seq last moved, or -1]``."""
 PAGE_WRITTEN_AT_MS: Final = "written_at_ms"
+"""N: the writer's wall clock at the write: shown (a checkpoint's age), never compared."""
+PAGE_NUMBER: Final = "page_no"
+"""N: the page's number in its session, counted by the writer: a page never replaces one
+of a higher number (docs/DESIGN.md §3.5)."""
 PAGE_HEALTH: Final = "health"
 """Binary, optional: zlib-compressed JSON ``{"r": [messages/s of each row of entries, in
 order], "t": {connection_id: [status, reconnects, last upstream error]}}``, ``t`` only

@@ -215,13 +215,15 @@ class SessionStore:
         session_gen: int,
         entries: Mapping[str, PageEntry],
         now_ms: int,
+        number: int,
     ) -> bool:
-        """Put the page; False when a newer one is already there."""
+        """Put the page numbered ``number`` (each write of the session's pages takes a
+        higher one); False when a newer one is already there."""
         try:
             self._client.put_item(
                 TableName=self._table,
-                Item=page_item(worker_id, session_gen, entries, now_ms),
-                **page_put_condition(now_ms),
+                Item=page_item(worker_id, session_gen, entries, now_ms, number),
+                **page_put_condition(number),
             )
         except ClientError as error:
             if _condition_failed(error):

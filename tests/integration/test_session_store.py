@@ -96,7 +96,7 @@ def test_sixteen_reapers_of_a_lapsed_session_then_sixteen_takers_of_its_200_conn
             leases = list(pool.map(lambda cid, d=dead: won(store.acquire(cid, d, 1, T0)), ids))
             page_seqs = {lease.connection_id: 10 + n for n, lease in enumerate(leases)}
             entries = {cid: PageEntry(1, 0, seq, T0) for cid, seq in page_seqs.items()}
-            assert sessions.write_page(dead, 1, entries, T0 + 1_000)
+            assert sessions.write_page(dead, 1, entries, T0 + 1_000, 1)
             listed = eventually(lambda d=dead: owned_ids(store, d), lambda found: len(found) == 200)
             assert listed == set(ids)
             session = session_of(sessions, dead)
@@ -303,7 +303,7 @@ def test_the_resume_point_comes_from_the_page_only_for_the_items_hold_and_stream
     assert sessions.open("w1", 1, T0, capacity=1)
     assert won(store.acquire("c", "w1", 1, T0 + 2)).epoch == 2
     entries = {"other": PageEntry(2, 0, 99, T0)} | ({} if entry is None else {"c": entry})
-    assert sessions.write_page("w1", 1, entries, T0 + 3)
+    assert sessions.write_page("w1", 1, entries, T0 + 3, 1)
     reaped(sessions, "w1")
     page = sessions.read_page("w1", 1)
     assert page is not None
@@ -340,7 +340,7 @@ def test_a_takeover_is_conditioned_on_the_checkpoint_it_read(
     """A checkpoint lands on the item (owner unchanged) between the taker's read and
     its write: the first attempt fails, and the retry resumes from the fresh item."""
     session_owning(sessions, store, control, ["c"])
-    assert sessions.write_page("w1", 1, {"c": PageEntry(1, 0, 42, T0)}, T0 + 1)
+    assert sessions.write_page("w1", 1, {"c": PageEntry(1, 0, 42, T0)}, T0 + 1, 1)
     reaped(sessions, "w1")
     [seen] = eventually(lambda: store.owned_by("w1", 1), lambda found: len(found) == 1)
     page = sessions.read_page("w1", 1)
@@ -386,25 +386,36 @@ def test_a_final_release_between_the_read_and_the_takeover_leaves_the_connection
 
 def test_a_page_written_late_records_nothing_unhandled(sessions):
     """A page write that arrives after a newer one (an older snapshot of the
-    checkpoints) is refused: the stored page keeps the newer entries."""
+    checkpoints, a lower number) is refused: the stored page keeps the newer entries."""
     t1, t2 = T0 + 5_000, T0 + 10_000
     newer = {"a": PageEntry(1, 0, 20, t2 - 300), "b": PageEntry(3, 1, 7, None)}
     older = {"a": PageEntry(1, 0, 12, t1 - 100), "b": PageEntry(3, 1, 2, t1 - 100)}
-    assert sessions.write_page("w1", 1, newer, t2)
-    assert sessions.write_page("w1", 1, older, t1) is False
-    assert sessions.write_page("w1", 1, older, t2) is False  # not even at the same instant
+    assert sessions.write_page("w1", 1, newer, t2, 2)
+    assert sessions.write_page("w1", 1, older, t1, 1) is False
+    assert sessions.write_page("w1", 1, older, t2, 2) is False  # not even the same number
     page = sessions.read_page("w1", 1)
     assert page == CheckpointPage(written_at_ms=t2, entries=newer)
-    assert sessions.write_page("w1", 1, older, t2 + 1)  # a genuinely newer write passes
+    assert sessions.write_page("w1", 1, older, t2 + 1, 3)  # a genuinely newer write passes
     assert sessions.read_page("w1", 1) == CheckpointPage(t2 + 1, older)
     assert sessions.read_page("w1", 2) is None
+
+
+def test_a_page_is_ordered_by_its_number_not_by_its_wall_time(sessions):
+    """A writer whose wall clock stepped back keeps writing its pages: before the
+    number, every page was refused until the clock caught up, and a takeover resumed
+    from the last page before the step (found by the simulator, seed 118 on the draws
+    of `128e23a`: 15 s of messages delivered again after a crash)."""
+    entries = {"a": PageEntry(1, 0, 30, None)}
+    assert sessions.write_page("w1", 1, {"a": PageEntry(1, 0, 20, None)}, T0, 1)
+    assert sessions.write_page("w1", 1, entries, T0 - 21_300, 2)  # the clock went back
+    assert sessions.read_page("w1", 1) == CheckpointPage(T0 - 21_300, entries)
 
 
 def test_a_page_of_five_hundred_connections_fits_in_one_small_item(ddb, table, sessions):
     entries = {
         f"conn-{n:04d}": PageEntry(n % 7 + 1, n % 3, 1_000_000 + n * 13, T0 - n) for n in range(500)
     }
-    assert sessions.write_page("w1", 1, entries, T0)
+    assert sessions.write_page("w1", 1, entries, T0, 1)
     page = sessions.read_page("w1", 1)
     assert page is not None
     assert page.entries == entries
@@ -470,7 +481,7 @@ def test_a_notice_for_a_forgotten_session_is_a_no_op(ddb, table, sessions, store
 def test_forget_deletes_only_a_dead_session_and_its_page(sessions):
     for worker in ("alive", "dead", "retired"):
         assert sessions.open(worker, 1, T0, capacity=1)
-        assert sessions.write_page(worker, 1, {"c": PageEntry(1, 0, 1, T0)}, T0 + 1)
+        assert sessions.write_page(worker, 1, {"c": PageEntry(1, 0, 1, T0)}, T0 + 1, 1)
     assert isinstance(sessions.renew("alive", 1, LAPSED, connections=0), SessionRenewed)
     assert sessions.retire("retired", 1, T0 + 2)
     dead = reaped(sessions, "dead")
@@ -505,7 +516,7 @@ def test_a_batched_takeover_takes_every_connection_once_from_the_page(
     entries = {
         cid: PageEntry(epoch=1, seq_gen=0, seq=n, advanced_at_ms=T0) for n, cid in enumerate(ids)
     }
-    assert sessions.write_page("w1", 1, entries, T0 + 1)
+    assert sessions.write_page("w1", 1, entries, T0 + 1, 1)
     assert sessions.reap(session_of(sessions, "w1"), "w2", LAPSED)
     seen = eventually(lambda: store.owned_by("w1", 1), lambda found: len(found) == 200)
     page = sessions.read_page("w1", 1)
@@ -612,7 +623,7 @@ def test_a_batched_takeover_never_pairs_a_new_stream_with_the_old_resume_point(
     no handler."""
     session_owning(sessions, store, control, ["f"])
     assert sessions.write_page(
-        "w1", 1, {"f": PageEntry(epoch=1, seq_gen=0, seq=40, advanced_at_ms=T0)}, T0 + 1
+        "w1", 1, {"f": PageEntry(epoch=1, seq_gen=0, seq=40, advanced_at_ms=T0)}, T0 + 1, 1
     )
     assert sessions.reap(session_of(sessions, "w1"), "w2", LAPSED)
     seen = eventually(lambda: store.owned_by("w1", 1), lambda found: len(found) == 1)
