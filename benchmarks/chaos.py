@@ -7,7 +7,7 @@ version of the test suite, ``python -m benchmarks.chaos --duration 25 --workers 
 --connections 12``.
 
 Everything runs on loopback with its own DynamoDB Local, moto and feed on free ports,
-and scaled timings (lease 2 s: heartbeat 0.5 s, reconcile 0.5 s, skew 0.1 s). Each
+and scaled timings (lease 2 s: heartbeat 0.5 s, reconcile 0.5 s). Each
 worker reaches DynamoDB through its own :class:`~benchmarks.tcp_proxy.TcpProxy`, so one
 worker can be cut off. Every worker records each delivery (worker, connection, epoch,
 seq, time) with :mod:`benchmarks.handlers`.
@@ -175,9 +175,14 @@ class ChaosRun:
         env = self.deployment.worker_env(
             worker_id, ours(self.options.lease_seconds).env, dynamodb_endpoint=proxy.endpoint
         )
-        worker = ChaosWorker(self.deployment.launch_worker(worker_id, env), proxy)
+        worker = ChaosWorker(self.start_process(worker_id, env), proxy)
         self.workers[worker_id] = worker
         return worker
+
+    def start_process(self, worker_id: str, env: dict[str, str]) -> WorkerProcess:
+        """Start one worker process with ``env`` (``python -m worker``; a subclass may
+        start another command, as :mod:`benchmarks.wall_clock` does)."""
+        return self.deployment.launch_worker(worker_id, env)
 
     def running(self) -> list[ChaosWorker]:
         """Workers that are alive and not on their way out."""

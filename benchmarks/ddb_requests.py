@@ -163,7 +163,9 @@ def _connection_expressions() -> dict[str, str]:
 CONNECTION_EXPRESSIONS = _connection_expressions()
 RENEW_EXPRESSION = session_rules.renew_update(
     0, LeaseTiming.from_lease(), connections=0
-).update_expression
+).update_expression.split(" ADD ")[0]
+"""What every renew's expression starts with (a capacity, a beat and acted notices
+follow)."""
 NOTICE_EXPRESSION = session_rules.notice_update("x").update_expression
 
 

@@ -100,7 +100,7 @@ class Caller:
     def _sleep(self, seconds: float) -> None:
         loop = self.loop
         woken: asyncio.Future[None] = loop.create_future()
-        loop.call_at(self.link.world.now + seconds, _settle, woken, None, None)
+        loop.call_at(loop.time() + seconds, _settle, woken, None, None)
         await_only(woken)
 
     def _attempt(self, operation: str, apply: Callable[[float], Any]) -> Any:
@@ -127,7 +127,7 @@ class Caller:
             back = link.one_way(world.now)
             if back is None or loop.crashed:
                 return
-            loop.call_at(world.now + back, _settle, reply, result, error)
+            loop.call_at(loop.at_world(world.now + back), _settle, reply, result, error)
 
         if there is not None:
             world.at(world.now + there, arrive)
@@ -135,7 +135,7 @@ class Caller:
             link.after_send(operation)
         # The client's read timeout: the attempt fails unless the reply came first.
         timeout = loop.call_at(
-            world.now + self.retries.attempt_timeout,
+            loop.time() + self.retries.attempt_timeout,
             _settle,
             reply,
             None,

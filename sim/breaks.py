@@ -186,8 +186,10 @@ BREAKS: tuple[Break, ...] = (
         (
             (
                 "wsfleet/session_rules.py",
-                'condition_expression="#state = :alive AND NOT #expires > :expires",',
-                'condition_expression="NOT #expires > :expires",',
+                "        # ALIVE only: a reaped session never passes again, however late its"
+                " renew.\n"
+                '        condition_expression="#state = :alive",',
+                '        condition_expression="#state = :alive OR #state <> :alive",',
             ),
         ),
     ),
@@ -221,13 +223,31 @@ BREAKS: tuple[Break, ...] = (
         ),
     ),
     Break(
-        "reap without the skew term",
-        "a session may be reaped as soon as its expiry passes by the reaper's clock",
+        "reap by wall clock",
+        "a session is reaped once the expiry its writer stamped by its wall clock has passed"
+        " by the reaper's wall clock (the old rule, without its skew term)",
         (
             (
-                "wsfleet/session_rules.py",
-                "    return now_ms - timing.skew_ms\n",
-                "    return now_ms\n",
+                "worker/reconciler.py",
+                "        if self.watch.lapsed(session, self._clock()):\n",
+                "        if session.reapable and session.expires_at_ms < self._wall_ms():\n",
+            ),
+        ),
+    ),
+    Break(
+        "expiry counted from the first sighting",
+        "a reaper counts a session's lease from when it first listed it, not from the"
+        " last change of its beat",
+        (
+            (
+                "wsfleet/session_watch.py",
+                "            if old is None or old.beat != session.beat"
+                " or old.state != session.state:\n"
+                "                old = _Sighting(session.beat, session.state, now)\n",
+                "            if old is None or old.state != session.state:\n"
+                "                old = _Sighting(session.beat, session.state, now)\n"
+                "            else:\n"
+                "                old = _Sighting(session.beat, session.state, old.since)\n",
             ),
         ),
     ),

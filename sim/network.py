@@ -113,7 +113,7 @@ class SimTransport(asyncio.Transport):
         # instant run in no particular order, so each comes a nanosecond later).
         at = max(self._network.world.now + self._network.latency(), self._deliver_after + 1e-9)
         self._deliver_after = at
-        to._loop.call_at(at, to._arrive, kind, data)
+        to._loop.call_at(to._loop.at_world(at), to._arrive, kind, data)
 
     def _arrive(self, kind: str, data: bytes | None) -> None:
         if self._lost:

@@ -158,13 +158,34 @@ class SimLoop(asyncio.BaseEventLoop):
         self._ready_queue: deque[asyncio.Handle] = self._ready  # type: ignore[attr-defined]
         self._selector = _NoSelector()
         self.paused_until = 0.0
+        """World time (as every instant the world compares)."""
         self.crashed = False
         self.set_exception_handler(world.unhandled)
+        self.rate = 1.0
+        """How fast this process's monotonic clock runs against the world's."""
+        self._base = 0.0
+        self._since = 0.0
+        """The clock read ``_base`` at world time ``_since``, and runs at ``rate``."""
 
     # The clock and the stepping.
 
     def time(self) -> float:
-        return self._world.now
+        """The process's monotonic clock (``time.monotonic`` in production): the
+        world's time, at the rate the seed gave it."""
+        return self._base + (self._world.now - self._since) * self.rate
+
+    def set_rate(self, rate: float) -> None:
+        """From now on the clock runs at ``rate`` (continuous: no step)."""
+        self._base, self._since, self.rate = self.time(), self._world.now, rate
+
+    def at_world(self, world_time: float) -> float:
+        """What this clock will read at ``world_time``: for timers the world sets on
+        this loop (a reply's arrival, a packet's)."""
+        return self._base + (world_time - self._since) * self.rate
+
+    def world_at(self, when: float) -> float:
+        """The world time at which this clock reads ``when``."""
+        return self._since + (when - self._base) / self.rate
 
     def _process_events(self, event_list: list[Any]) -> None:
         pass
@@ -178,7 +199,7 @@ class SimLoop(asyncio.BaseEventLoop):
         if self._ready_queue:
             return True
         scheduled = self._scheduled  # type: ignore[attr-defined]
-        return bool(scheduled) and scheduled[0]._when <= now
+        return bool(scheduled) and self.world_at(scheduled[0]._when) <= now
 
     def next_timer(self) -> float | None:
         if self.crashed:
@@ -187,7 +208,7 @@ class SimLoop(asyncio.BaseEventLoop):
             return max(self._world.now, self.paused_until)
         if not self._scheduled:  # type: ignore[attr-defined]
             return None
-        first: float = self._scheduled[0].when()  # type: ignore[attr-defined]
+        first = self.world_at(self._scheduled[0].when())  # type: ignore[attr-defined]
         return max(first, self.paused_until)
 
     def step(self) -> None:
@@ -329,7 +350,7 @@ class World:
                     scheduled = loop._scheduled  # type: ignore[attr-defined]
                     if not scheduled:
                         continue
-                    when = scheduled[0]._when
+                    when = loop.world_at(scheduled[0]._when)
                 if loop.paused_until > now:
                     when = max(when, loop.paused_until)
                 if when <= now:

@@ -17,6 +17,7 @@ from sim.dynamodb import SimDynamoDBClient
 from sim.fleet import TABLE, Fleet, Shape, WorkerProcess, capture_logs
 from sim.invariants import Violation
 from wsfleet import schema
+from wsfleet.timing import DRIFT_RATE
 
 START = 1_000.0
 """Virtual time at which a run starts (its wall clock: :data:`sim.fleet.EPOCH` + it)."""
@@ -118,6 +119,7 @@ class Schedule:
             (self.router_stop_a_worker, 1),
             (self.handler_trouble, 2),
             (self.clock_step, 1),
+            (self.clock_drift, 1),
             (self.malformed_items, 1),
         ]
         choices = [kind for kind, _ in kinds]
@@ -323,13 +325,42 @@ class Schedule:
         self._window(at, name, seconds, apply, seconds + 6.0)
 
     def clock_step(self, at: float) -> None:
-        # Within the skew the design assumes (docs/DESIGN.md §3.6).
-        offset = self.rng.uniform(-0.2, 0.2)
+        """A worker's wall clock is set off (NTP lost, a bad host), by seconds or by
+        half a minute either way, or jumps back and forth by 10 s for a while: no wall
+        time decides anything (docs/DESIGN.md §3.6), so nothing may change."""
+        rng = self.rng
+        fleet = self.fleet
+        if rng.random() < 0.7:
+            offset = rng.choice((-30.0, -2.0, 2.0, 30.0)) * rng.uniform(0.5, 1.0)
+
+            def act(process: WorkerProcess) -> None:
+                process.wall_offset = offset
+
+            self._on_worker(at, f"wall clock {offset:+.1f}s", act)
+            return
+        jumps, every = rng.randint(2, 6), rng.uniform(1.0, 5.0)
+
+        def jump(process: WorkerProcess) -> None:
+            def step(by: float) -> Callable[[], None]:
+                def move() -> None:
+                    process.wall_offset += by
+
+                return move
+
+            for n in range(jumps):
+                fleet.world.at(fleet.world.now + n * every, step(10.0 if n % 2 == 0 else -10.0))
+
+        self._on_worker(at, f"wall clock jumps 10s back and forth {jumps}x", jump)
+
+    def clock_drift(self, at: float) -> None:
+        """A worker's monotonic clock runs fast or slow, within the drift the design
+        allows for (:data:`~wsfleet.timing.DRIFT_RATE`), from now on."""
+        rate = 1.0 + self.rng.uniform(-1.0, 1.0) * DRIFT_RATE
 
         def act(process: WorkerProcess) -> None:
-            process.wall_offset = offset
+            process.loop.set_rate(rate)
 
-        self._on_worker(at, f"wall clock {offset:+.3f}s", act)
+        self._on_worker(at, f"monotonic clock at {rate:.5f}x", act)
 
     # DynamoDB, one worker
 
@@ -354,8 +385,15 @@ class Schedule:
             now = self.fleet.world.now
             process.link.brownouts.append((now, now + seconds, extra))
             # One worker's slow DynamoDB excuses no darkness of the connections it
-            # runs (docs/DESIGN.md §3.11), only of the others'.
-            self.fleet.monitor.excuse(now, now + seconds, except_run_by=process.name)
+            # runs (docs/DESIGN.md §3.11), only of the others': unless the others have
+            # no room for them, when a slow worker that loses its session (a pause
+            # during the brownout, say) may be slow to keep a new one.
+            fleet = self.fleet
+            others = [p for p in fleet.alive() if p is not process]
+            if len(others) * fleet.shape.max_connections < fleet.shape.connections:
+                self.fleet.monitor.excuse(now, now + seconds)
+            else:
+                self.fleet.monitor.excuse(now, now + seconds, except_run_by=process.name)
             return lambda: None
 
         self._window(at, f"brownout +{extra:.2f}s for {seconds:.1f}s", seconds, apply, None)

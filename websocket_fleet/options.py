@@ -105,8 +105,8 @@ class FleetOptions:
     max_connections: int = 500
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     """The session lease (``LEASE_SECONDS``, 2.5 s); the worker derives the rest from
-    it (``LeaseTiming.from_lease``: heartbeat and reconcile 0.6 s, skew 0.25 s, margin
-    lease/10, checkpoint 5 s), and the synth refuses a lease those cannot satisfy."""
+    it (``LeaseTiming.from_lease``: heartbeat and reconcile 0.6 s, margin lease/5,
+    checkpoint 5 s), and the synth refuses a lease those cannot satisfy."""
     min_tasks: int = 2
     max_tasks: int = 10
     target_connections_per_task: int = 350
@@ -157,7 +157,7 @@ class FleetOptions:
     @property
     def timing(self) -> LeaseTiming:
         """What the worker derives from ``LEASE_SECONDS`` (``worker.config``), validated."""
-        return LeaseTiming.from_lease(self.lease_seconds)
+        return LeaseTiming.deployed(self.lease_seconds)
 
     def resolved(self, stack_name: str) -> FleetOptions:
         """The defaults that depend on where the fleet is, filled in, and validated."""

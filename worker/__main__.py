@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from worker import logs, loop_watch
 from worker.aws_clients import make_clients
-from worker.config import ConfigError, WorkerConfig
+from worker.config import ConfigError, WorkerConfig, ignored_settings
 from worker.credentials import SecretCache, secrets_manager_reader
 from worker.delivery import load_handler
 from worker.fleet_worker import Worker, WorkerDeps
@@ -50,6 +51,8 @@ def main() -> int:
         print(f"worker: configuration error: {error}", file=sys.stderr)
         return 2
     logs.configure(level=config.log_level, service=config.service_name, worker_id=config.worker_id)
+    for line in ignored_settings(os.environ):
+        log.warning(line)
     try:
         handler = load_handler(config.handler)
         protocol = load_protocol(config.upstream_protocol)

@@ -106,6 +106,7 @@ class Balancer:
         self._wall_ms = wall_ms
         self._rng = rng
         self._listed: list[SessionItem] = []
+        self._overdue: frozenset[tuple[str, int]] = frozenset()
         self._next_round_at: float | None = None
         self._round: asyncio.Task[int] | None = None
         self._settle = settle
@@ -122,22 +123,26 @@ class Balancer:
     def _me(self) -> str:
         return session_key(self._owner.worker_id, self._owner.session_gen)
 
-    def observe(self, sessions: Iterable[SessionItem]) -> None:
-        """The sessions as the reconciler has just listed them."""
+    def observe(
+        self, sessions: Iterable[SessionItem], overdue: frozenset[tuple[str, int]] = frozenset()
+    ) -> None:
+        """The sessions as the reconciler has just listed them, and those of them it
+        has seen unrenewed for a lease or more (:meth:`SessionWatch.overdue`)."""
         self._listed = list(sessions)
+        self._overdue = overdue
 
     def loads(self) -> list[Load]:
         """The live sessions' loads, this worker's own as it is now. A session past its
-        expiry is not counted (its worker is not renewing: a receiver that cannot take
-        anything, and its connections are taken over, not balanced), nor an older
-        session of this very worker (dead by definition, whether reaped yet or not)."""
+        lease unrenewed is not counted (its worker is not renewing: a receiver that
+        cannot take anything, and its connections are taken over, not balanced), nor
+        an older session of this very worker (dead by definition, whether reaped yet or
+        not)."""
         me = self._me
-        now_ms = self._wall_ms()
         connections, capacity = self._owner.load()
         live = [
             s
             for s in self._listed
-            if s.expires_at_ms > now_ms and s.worker_id != self._owner.worker_id
+            if s.alive and s.key not in self._overdue and s.worker_id != self._owner.worker_id
         ]
         return [*loads_of(live), Load(me, connections, capacity)]
 
@@ -214,14 +219,13 @@ class Balancer:
 
     def failover_listed(self) -> bool:
         """Whether the last listing shows a crash failover under way: a session lapsed
-        (ALIVE past its expiry) or reaped and not forgotten yet. Its connections are in
+        (ALIVE but unrenewed for a lease) or reaped and not forgotten yet. Its connections are in
         no live load until taken over, and its takers publish theirs at different
         moments, so a round planned now would move what the takeover has just placed,
         often before its first delivery; the round waits until the session is gone (a
         retired session, a graceful shutdown's, does not hold it back)."""
-        now_ms = self._wall_ms()
         return any(
-            (s.alive and s.expires_at_ms <= now_ms) or (not s.alive and s.reaped_by != s.worker_id)
+            (s.alive and s.key in self._overdue) or (not s.alive and s.reaped_by != s.worker_id)
             for s in self._listed
         )
 

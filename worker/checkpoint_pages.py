@@ -36,6 +36,8 @@ class CheckpointPages:
         self._every = every
         self._written: dict[str, PageEntry] = {}
         """The last page written, without its times (what decides whether a new one is due)."""
+        self._number = 0
+        """The last page's number: every write takes the next, a retry included."""
 
     def forget(self) -> None:
         """A new session was opened: the pages of the one before count for nothing."""
@@ -66,8 +68,9 @@ class CheckpointPages:
         checkpoints = {cid: replace(e, advanced_at_ms=None) for cid, e in entries.items()}
         if gen == 0 or checkpoints == self._written:
             return False
+        self._number += 1
         await loop.run_in_executor(
-            None, self._sessions.write_page, self._worker_id, gen, entries, now_ms
+            None, self._sessions.write_page, self._worker_id, gen, entries, now_ms, self._number
         )
         self._written = checkpoints
         return True

@@ -20,7 +20,12 @@ WORKER_ID: Final = "WORKER_ID"
 LEASE_SECONDS: Final = "LEASE_SECONDS"
 HEARTBEAT_SECONDS: Final = "HEARTBEAT_SECONDS"
 RECONCILE_SECONDS: Final = "RECONCILE_SECONDS"
-MAX_SKEW_SECONDS: Final = "MAX_SKEW_SECONDS"
+REMOVED_SETTINGS: Final = {
+    "MAX_SKEW_SECONDS": "wall clocks no longer decide expiry (each worker observes the"
+    " sessions on its own monotonic clock), so there is no skew to allow for",
+}
+"""Settings an earlier version read, and why they are gone: ignored, with a warning
+(:func:`ignored_settings`), so an environment that still sets one starts as before."""
 CHECKPOINT_SECONDS: Final = "CHECKPOINT_SECONDS"
 MAX_CONNECTIONS: Final = "MAX_CONNECTIONS"
 REASSIGN_ON_RELEASE: Final = "REASSIGN_ON_RELEASE"
@@ -52,7 +57,6 @@ SETTINGS: Final = frozenset(
         LEASE_SECONDS,
         HEARTBEAT_SECONDS,
         RECONCILE_SECONDS,
-        MAX_SKEW_SECONDS,
         CHECKPOINT_SECONDS,
         MAX_CONNECTIONS,
         REASSIGN_ON_RELEASE,
@@ -188,14 +192,22 @@ def check_names(names: Iterable[str]) -> None:
         )
 
 
+def ignored_settings(env: Mapping[str, str]) -> list[str]:
+    """One line for each setting in ``env`` that the worker no longer reads, and why."""
+    return [
+        f"{name} is set but no longer a setting (ignored): {why}"
+        for name, why in REMOVED_SETTINGS.items()
+        if name in env
+    ]
+
+
 def timing_from_env(env: Mapping[str, str]) -> LeaseTiming:
     """Session timing from ``LEASE_SECONDS`` and the optional overrides, validated."""
     try:
-        return LeaseTiming.from_lease(
+        return LeaseTiming.deployed(
             _positive_float(env, LEASE_SECONDS, DEFAULT_LEASE_SECONDS),
             heartbeat=_opt_float(env, HEARTBEAT_SECONDS),
             reconcile=_opt_float(env, RECONCILE_SECONDS),
-            skew=_opt_float(env, MAX_SKEW_SECONDS),
             checkpoint=_opt_float(env, CHECKPOINT_SECONDS),
         )
     except InvalidTimingError as error:

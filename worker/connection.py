@@ -22,7 +22,7 @@ is given (the state, the settings, the lease, and the objects it reports through
 The runner itself keeps how the connection ends: deciding the ending, draining the
 call in flight, releasing (or parking) with the final checkpoint, and the outcome.
 
-The fence deadline ``sent_at(last successful session renew) + lease - skew - margin``
+The fence deadline ``sent_at(last successful session renew) + lease - margin``
 is checked synchronously before every handler call and bounds each call, so a paused
 or partitioned worker never hands over a message after another worker may have
 reaped its session, even when no condition ever failed. Past it the connection waits

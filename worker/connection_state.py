@@ -9,13 +9,13 @@ sockets, tasks, timers and logs; every rule that keeps the connection safe lives
 and is tested with tables of inputs.
 
 The fence deadline is the session's (docs/DESIGN.md §3.6): ``sent_at(last
-successful session renew) + lease - skew - margin``. Past it the connection *pauses*:
+successful session renew) + lease - margin``. Past it the connection *pauses*:
 no handler call starts, the one in flight is cut, and a later successful renew of the
 same session (proof that no reap happened) moves the deadline and resumes it under
 the same epoch. Only a reap ends it (``LOST``).
 
 Times are monotonic seconds (the event loop's clock); ``timing`` supplies the lease,
-heartbeat, skew and margin.
+heartbeat and margin.
 """
 
 from __future__ import annotations

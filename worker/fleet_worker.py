@@ -191,6 +191,7 @@ class Worker:
             metrics=self.metrics,
             wall_ms=deps.wall_ms,
             rng=rng,
+            clock=lambda: self._clock(),
         )
         self.notices = Notices(
             store=deps.store,

@@ -29,6 +29,7 @@ import asyncio
 import functools
 import logging
 import random
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
@@ -46,6 +47,7 @@ from wsfleet.item import ConnectionItem, MalformedItemError, connection_key_text
 from wsfleet.lease_store import LeaseStore
 from wsfleet.session_rules import SessionItem
 from wsfleet.session_store import SessionStore
+from wsfleet.session_watch import SessionWatch
 from wsfleet.timing import OWN_CHECK_PASSES, LeaseTiming
 
 log = logging.getLogger(__name__)
@@ -121,7 +123,8 @@ class Owner(Protocol):
 
 @dataclass
 class _DeadSession:
-    last_entries_seen_ms: int
+    last_entries_seen: float
+    """When an entry was last listed under it (the loop's clock)."""
     hinted: bool = False
     """Its pending hand-offs have been hinted on the start queue."""
 
@@ -138,7 +141,11 @@ class Reconciler:
         metrics: FleetMetrics,
         wall_ms: Callable[[], int],
         rng: random.Random,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock``: the event loop's (``time.monotonic`` in production), on which
+        this worker observes the sessions: expiry is decided on it alone."""
+        self._clock = clock
         self._store = store
         self._sessions = sessions
         self._owner = owner
@@ -154,17 +161,20 @@ class Reconciler:
         self._sightings = FreeSightings(grace)
         self._passes_to_own_check = rng.randrange(OWN_CHECK_PASSES)
         self._listed: list[SessionItem] = []
+        self._foreign_seen: set[tuple[str, int]] = set()
+        self.watch = SessionWatch(store.timing)
+        """What this worker has seen of the sessions: expiry is decided from it."""
 
     def next_pass_in(self, interval: float) -> float:
-        """Seconds to the next pass: ``interval``, or less when a session listed ALIVE
-        lapses before then if it is not renewed (:func:`session_rules.next_reap_ms`),
-        so that every worker reaps, or takes its part, as soon as the reap may pass."""
+        """Seconds to the next pass: ``interval``, or less when a session seen ALIVE
+        lapses before then if it is not renewed (:meth:`SessionWatch.next_lapse`), so
+        that every worker reaps, or takes its part, as soon as the reap may pass."""
         mine = (self._owner.worker_id, self._owner.session_gen)
-        now_ms = self._wall_ms()
-        due = session_rules.next_reap_ms(self._listed, mine, now_ms, self._store.timing)
+        now = self._clock()
+        due = self.watch.next_lapse(mine, now)
         if due is None:
             return interval
-        return min(interval, (due - now_ms) / 1000)
+        return min(interval, due - now)
 
     async def run(self) -> None:
         interval = self._store.timing.reconcile
@@ -183,7 +193,7 @@ class Reconciler:
         if self._own_check_due():
             await self.release_strays()
         taken += await self.take_free(every_shard=draining)
-        self._balancer.start_round(asyncio.get_running_loop().time())
+        self._balancer.start_round(self._clock())
         return taken
 
     # --- 1. sessions -----------------------------------------------------------------
@@ -193,8 +203,10 @@ class Reconciler:
         graceful shutdown publishes capacity 0 until its last release), in which case
         this pass looks for free connections in every shard, not only two."""
         sessions = await self._call(self._sessions.list_sessions, self._report_malformed)
+        now = self._clock()
+        self.watch.observe(sessions, now)
         self._listed = sessions
-        self._balancer.observe(sessions)
+        self._balancer.observe(sessions, self.watch.overdue(sessions, now))
         mine = (self._owner.worker_id, self._owner.session_gen)
         taken: list[str] = []
         listed = set()
@@ -223,10 +235,25 @@ class Reconciler:
         return taken, draining
 
     async def _reap_and_sweep(self, session: SessionItem, sessions: list[SessionItem]) -> list[str]:
-        now_ms = self._wall_ms()
+        if session_rules.foreign([session]):
+            # Renewed by rules this worker does not read (no beat): never reaped here.
+            # The worker that opened it refuses to share the table the same way.
+            if session.key not in self._foreign_seen:
+                self._foreign_seen.add(session.key)
+                self._metrics.count(m.FOREIGN_SESSIONS)
+                log.error(
+                    "a live session of another session protocol shares this table;"
+                    " it is never reaped here (docs/DEPLOY.md)",
+                    extra={
+                        "session_worker": session.worker_id,
+                        "session_gen": session.session_gen,
+                        "protocol": session.protocol or 1,
+                    },
+                )
+            return []
         entries: list[ConnectionItem] | None = None
-        if session_rules.is_lapsed(session, now_ms, self._store.timing):
-            reaped, entries = await self._reap(session, sessions, now_ms)
+        if self.watch.lapsed(session, self._clock()):
+            reaped, entries = await self._reap(session, sessions)
             if reaped is None:
                 return []  # renewed after all, or reaped by another without a plan
             session = reaped
@@ -238,7 +265,7 @@ class Reconciler:
         self._metrics.malformed_item(error.key, error.problem)
 
     async def _reap(
-        self, session: SessionItem, sessions: list[SessionItem], now_ms: int
+        self, session: SessionItem, sessions: list[SessionItem]
     ) -> tuple[SessionItem | None, list[ConnectionItem]]:
         """Reap a lapsed session, recording who takes which of its connections (listed
         first, and handed on to the sweep); returns it as DEAD, or, when another
@@ -255,8 +282,9 @@ class Reconciler:
             reaper=me,
             room=self._capacity.free,
             sessions=sessions,
-            now_ms=now_ms,
+            overdue=self.watch.overdue(sessions, self._clock()),
         )
+        now_ms = self._wall_ms()
         if not await self._call(self._sessions.reap, session, me, now_ms, takers):
             current = await self._call(
                 self._sessions.get_session, session.worker_id, session.session_gen
@@ -270,13 +298,15 @@ class Reconciler:
             extra={
                 "session_worker": session.worker_id,
                 "session_gen": session.session_gen,
-                "lapsed_ms": now_ms - session.expires_at_ms,
+                "unrenewed_seconds": round(self.watch.unchanged_for(session, self._clock()), 3),
                 "takers": len(takers),
             },
         )
-        return replace(
+        reaped = replace(
             session, state=schema.DEAD, reaped_at_ms=now_ms, reaped_by=me, takers=takers
-        ), entries
+        )
+        self.watch.reaped(reaped, self._clock())
+        return reaped, entries
 
     async def _sweep(
         self,
@@ -285,10 +315,10 @@ class Reconciler:
         listed: list[ConnectionItem] | None = None,
     ) -> list[str]:
         timing = self._store.timing
-        now_ms = self._wall_ms()
-        grace_ms = round(timing.heartbeat * 1000)
+        now = self._clock()
+        dead_for = self.watch.unchanged_for(session, now)
         me = self._owner.worker_id
-        if not session_rules.may_sweep(session, me, now_ms, grace_ms):
+        if not session_rules.may_sweep(session, me, dead_for, timing.heartbeat):
             return []
         entries = list(
             listed
@@ -304,7 +334,7 @@ class Reconciler:
             # does not find is gone.
             if await self._call(self._sessions.get_session, session.worker_id, gen) is None:
                 entries += await self._call(self._store.owned_by, session.worker_id, gen)
-        seen = self._dead.setdefault(session.key, _DeadSession(now_ms))
+        seen = self._dead.setdefault(session.key, _DeadSession(now))
         if not seen.hinted:
             # Connections another worker handed to this session just before it died
             # were released (free, in the unowned index) and wait for a renew that
@@ -316,7 +346,7 @@ class Reconciler:
                 *(self._owner.send_reassign(cid) for cid in session_rules.handed_to(session))
             )
         if not entries:
-            if session_rules.may_forget(seen.last_entries_seen_ms, now_ms, timing):
+            if session_rules.may_forget(now - seen.last_entries_seen, timing):
                 if await self._call(self._sessions.forget, session):
                     log.info(
                         "dead session forgotten",
@@ -327,7 +357,8 @@ class Reconciler:
                     )
                 self._dead.pop(session.key, None)
             return []
-        seen.last_entries_seen_ms = now_ms
+        seen.last_entries_seen = now
+        now_ms = self._wall_ms()
         page: CheckpointPage | None = None
         page_read = False
         if any(not item.started for item in entries):
@@ -350,7 +381,8 @@ class Reconciler:
             me=me,
             sessions=sessions,
             free=self._capacity.free,
-            now_ms=now_ms,
+            dead_for=dead_for,
+            overdue=self.watch.overdue(sessions, now),
             timing=timing,
         )
         if not share:
@@ -415,7 +447,7 @@ class Reconciler:
     async def release_strays(self) -> None:
         entries: list[ConnectionItem] = []
         for gen in self._owner.own_generations():
-            checked_at = asyncio.get_running_loop().time()
+            checked_at = self._clock()
             found = await self._own_entries(gen)
             self._owner.own_check_found(gen, len(found), checked_at)
             entries += found
@@ -467,7 +499,7 @@ class Reconciler:
             self._next_shard = (self._next_shard + UNOWNED_SHARDS_PER_PASS) % len(shards)
         limit = min(MAX_FREE_PER_PASS, 2 * free + 8)
         found = await self._call(self._store.find_unowned, picked, limit)
-        now = asyncio.get_running_loop().time()
+        now = self._clock()
         ready = self._sightings.scanned(picked, found, now)
         free_ids = [cid for cid in ready if not self._owner.holds(cid)]
         if not free_ids:

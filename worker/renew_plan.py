@@ -101,10 +101,6 @@ class RenewPlan:
         self._answered(sent_at)
         self.next_at = min(self.next_at, now + self.heartbeat / 4)
 
-    def superseded(self, sent_at: float) -> None:
-        """Refused because a later renew had landed first: it changes nothing."""
-        self._answered(sent_at)
-
     def _answered(self, sent_at: float) -> None:
         if sent_at in self.in_flight:
             self.in_flight.remove(sent_at)

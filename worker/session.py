@@ -186,8 +186,6 @@ class SessionKeeper:
                     answer.lateness,
                     result.notices,
                 )
-        elif result is RenewRefusal.SUPERSEDED:
-            plan.superseded(answer.sent_at)
         else:
             log.error("session reaped", extra={"session_gen": self.session_gen})
             self._post(self._events.reaped, self.session_gen)

@@ -25,6 +25,7 @@ from worker.session import SessionEvents, SessionKeeper
 from worker.standing import Standing
 from worker.threads import Threads
 from wsfleet import metric_names as m
+from wsfleet import schema, session_rules
 from wsfleet.backoff import backoff_delays
 from wsfleet.session_store import SessionStore
 from wsfleet.timing import LeaseTiming
@@ -84,12 +85,19 @@ class SessionCycle:
         delays = backoff_delays(initial=0.1, maximum=timing.heartbeat, rng=self._rng.random)
         gen = standing.gen
         while not standing.closing:
+            if not await self._table_is_ours():
+                await asyncio.sleep(timing.lease)
+                continue
             gen += 1
             sent_at = loop.time()
             try:
+                # On the renew's client, with its timeout (the fence window): an answer
+                # that slow still opens a session worth having, and a worker whose
+                # DynamoDB is slow (a brownout) must not be kept from opening one by a
+                # timeout its renews would not have hit.
                 opened = await loop.run_in_executor(
                     None,
-                    self._sessions.open,
+                    self._renewals.open,
                     self._worker_id,
                     gen,
                     self._wall_ms(),
@@ -122,6 +130,32 @@ class SessionCycle:
             self._opened()
             log.info("session opened", extra={"session_gen": gen})
             return
+
+    async def _table_is_ours(self) -> bool:
+        """No live session of another session protocol is listed: a worker refuses to
+        open one beside them (an error is logged each time, and counted); True as
+        well when the listing fails (the open's own error then shows)."""
+        try:
+            sessions = await asyncio.get_running_loop().run_in_executor(
+                None, self._sessions.list_sessions
+            )
+        except Exception:
+            return True
+        others = session_rules.foreign(sessions)
+        if not others:
+            return True
+        self._metrics.count(m.FOREIGN_SESSIONS, len(others))
+        log.error(
+            "refusing to open a session: live sessions of another session protocol"
+            " share this table (docs/DEPLOY.md, changing the session protocol)",
+            extra={
+                "protocol": schema.SESSION_PROTOCOL_NOW,
+                "foreign": sorted(
+                    f"{s.worker_id}#{s.session_gen} (protocol {s.protocol or 1})" for s in others
+                ),
+            },
+        )
+        return False
 
     async def retire(self) -> None:
         """After the last release: stop renewing and mark the session DEAD, so others

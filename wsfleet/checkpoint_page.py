@@ -147,12 +147,18 @@ def round_rate(rate: float) -> float:
 
 
 def page_item(
-    worker_id: str, session_gen: int, entries: Mapping[str, PageEntry], written_at_ms: int
+    worker_id: str,
+    session_gen: int,
+    entries: Mapping[str, PageEntry],
+    written_at_ms: int,
+    number: int = 0,
 ) -> dict[str, Any]:
-    """The page as a DynamoDB item (typed attributes)."""
+    """The page as a DynamoDB item (typed attributes); ``number``: its place among the
+    pages of its session (:func:`page_put_condition`)."""
     item = {
         **{k: to_attribute(v) for k, v in schema.page_key(worker_id, session_gen).items()},
         schema.PAGE_WRITTEN_AT_MS: to_attribute(written_at_ms),
+        schema.PAGE_NUMBER: to_attribute(number),
         schema.PAGE_ENTRIES: {"B": encode_entries(entries, written_at_ms)},
     }
     health = encode_health(entries)
@@ -161,13 +167,16 @@ def page_item(
     return item
 
 
-def page_put_condition(written_at_ms: int) -> dict[str, Any]:
-    """A page never replaces a newer one (a late write of an older page would move
-    resume points back: more duplicates, never a loss, but for nothing)."""
+def page_put_condition(number: int) -> dict[str, Any]:
+    """A page never replaces a newer one, by the number its writer gave it (a late
+    write of an older page would move resume points back: more duplicates, never a
+    loss, but for nothing). Not by its wall time: a writer whose wall clock stepped
+    back would have every page refused until its clock caught up, and a takeover
+    would then resume from the last page before the step."""
     return {
-        "ConditionExpression": "attribute_not_exists(#written) OR #written < :written",
-        "ExpressionAttributeNames": {"#written": schema.PAGE_WRITTEN_AT_MS},
-        "ExpressionAttributeValues": {":written": to_attribute(written_at_ms)},
+        "ConditionExpression": "attribute_not_exists(#no) OR #no < :no",
+        "ExpressionAttributeNames": {"#no": schema.PAGE_NUMBER},
+        "ExpressionAttributeValues": {":no": to_attribute(number)},
     }
 
 

@@ -672,7 +672,7 @@ def restarted_since(item: ConnectionItem, lease: Lease) -> bool:
 
 def fence_deadline(renew_sent_at: float, timing: LeaseTiming) -> float:
     """Monotonic instant after which no connection of a session may hand a message to
-    the handler: ``sent_at(last successful session renew) + lease - skew - margin``."""
+    the handler: ``sent_at(last successful session renew) + lease - margin``."""
     return renew_sent_at + timing.fence_after
 
 

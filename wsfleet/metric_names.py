@@ -35,6 +35,9 @@ UPSTREAM_GAPS: Final = "UpstreamGaps"
 """How many such gaps were measured."""
 MALFORMED_ITEMS: Final = "MalformedItems"
 """Items this worker met that cannot be decoded or run (each counted once)."""
+FOREIGN_SESSIONS: Final = "ForeignSessions"
+"""Live sessions of another session protocol, counted each time this worker was about
+to open a session and refused to (docs/DEPLOY.md, "Changing the session protocol")."""
 
 COUNTERS: Final = (
     LEASES_ACQUIRED,
@@ -50,5 +53,6 @@ COUNTERS: Final = (
     CONNECTIONS_MOVED,
     UPSTREAM_GAPS,
     MALFORMED_ITEMS,
+    FOREIGN_SESSIONS,
 )
 """Published every period, zeros included."""

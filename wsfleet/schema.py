@@ -60,6 +60,8 @@ PAGE_SORT_KEY: Final = "PAGE"
 
 SESSION_STATE: Final = "state"
 SESSION_EXPIRES_AT_MS: Final = "expires_at_ms"
+"""N: the writer's wall clock at its last renew plus the lease: for people (when the
+session would lapse), never decided on."""
 SESSION_STARTED_AT_MS: Final = "started_at_ms"
 SESSION_REAPED_AT_MS: Final = "reaped_at_ms"
 SESSION_REAPED_BY: Final = "reaped_by"
@@ -72,6 +74,18 @@ SESSION_NOTICES: Final = "notices"
 the router adds when it starts or stops a connection the session owns."""
 SESSION_CAPACITY: Final = "capacity"
 SESSION_CONNECTIONS: Final = "connections"
+SESSION_BEAT: Final = "beat"
+"""N: how many renews the session has had (0 when opened; every renew adds 1). A
+reaper reaps only a session whose beat it has seen unchanged for longer than the
+lease on its own monotonic clock, and only with that beat as its condition
+(docs/DESIGN.md §3.6)."""
+SESSION_PROTOCOL: Final = "proto"
+"""N: the session protocol of the worker that opened it (:data:`SESSION_PROTOCOL_NOW`)."""
+SESSION_PROTOCOL_NOW: Final = 2
+"""The session protocol: what the session items mean and how they are renewed and
+reaped. 2: expiry by observation (a beat); 1, or no ``protocol``: expiry by the
+writer's wall clock. Workers of different protocols must not share a table
+(docs/DEPLOY.md)."""
 SESSION_VERSION: Final = "version"
 """S: the project version of the worker that opened the session (:mod:`wsfleet.version`),
 written once by the open; shown for a connection's owner. Read leniently: a session
@@ -83,6 +97,10 @@ PAGE_ENTRIES: Final = "entries"
 """Binary: zlib-compressed JSON rows ``[connection_id, epoch, seq_gen, seq, ms before the
 write when seq last moved, or -1]``."""
 PAGE_WRITTEN_AT_MS: Final = "written_at_ms"
+"""N: the writer's wall clock at the write: shown (a checkpoint's age), never compared."""
+PAGE_NUMBER: Final = "page_no"
+"""N: the page's number in its session, counted by the writer: a page never replaces one
+of a higher number (docs/DESIGN.md §3.5)."""
 PAGE_HEALTH: Final = "health"
 """Binary, optional: zlib-compressed JSON ``{"r": [messages/s of each row of entries, in
 order], "t": {connection_id: [status, reconnects, last upstream error]}}``, ``t`` only

@@ -4,22 +4,26 @@ A worker process proves it is alive once per heartbeat by renewing one small
 *session* item; its connections carry no liveness of their own. Nothing here reads a
 clock or touches the network: callers pass ``now`` in.
 
-Timeline of one session (wall clock of the writer, ``L`` = lease, ``S`` = skew)::
+Timeline of one session (``L`` = lease, ``r`` = :data:`~wsfleet.timing.DRIFT_RATE`,
+each duration on one worker's own monotonic clock)::
 
-    t0 renew sent ..... expires_at = t0 + L ...... any worker may reap it (mark it
-    |                                              DEAD, finally) once now - S > it
-    |<-- its connections may handle until t0 + L - S - margin (fence deadline) -->|
+    holder: renew sent at s .... lands, beat b ...... fence deadline s + L(1-r) - margin
+    reaper:                      sees beat b first at f ...... may reap at f + L(1+r),
+                                                               on condition beat = b
 
-A reaped session can never be renewed again (the renew requires ``ALIVE``), and its
-connections are taken over only after DEAD is seen, so no connection is ever
-handled under a session that another worker has reaped.
+A renew lands after it is sent, and is seen after it lands, so ``f`` is after ``s``
+and the reap after the fence deadline; every renew changes the beat, so one that lands
+meanwhile fails the reap. A reaped session can never be renewed again (the renew
+requires ``ALIVE``), and its connections are taken over only after DEAD is seen, so no
+connection is ever handled under a session that another worker has reaped. No wall
+clock decides anything: the wall times in the items are for people.
 """
 
 from __future__ import annotations
 
 import enum
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -63,6 +67,10 @@ class SessionItem:
     worker, or a retire: the rules of :func:`takeover_share` apply)."""
     version: str | None = None
     """The version of the worker that opened it; None when an older worker did."""
+    beat: int | None = None
+    """How many renews it has had (None: an item without one, reaped as such)."""
+    protocol: int | None = None
+    """The session protocol of the worker that opened it (None: protocol 1)."""
 
     @classmethod
     def from_dynamodb(cls, raw: Mapping[str, Any]) -> SessionItem:
@@ -93,11 +101,9 @@ class SessionItem:
             capacity=read.integer(schema.SESSION_CAPACITY) or 0,
             takers=_takers(plain.get(schema.SESSION_TAKERS)),
             version=_text_or_none(plain.get(schema.SESSION_VERSION)),
+            beat=read.integer(schema.SESSION_BEAT),
+            protocol=_integer_or_none(plain.get(schema.SESSION_PROTOCOL)),
         )
-        if expires_at is None and schema.SESSION_EXPIRES_AT_MS not in read.malformed:
-            # Without an expiry nothing says when it lapses: never reaped (its owner's
-            # next renew writes one again).
-            read.malformed[schema.SESSION_EXPIRES_AT_MS] = "present"
         problem = describe_malformed("session item", read.malformed)
         if problem is not None:
             raise MalformedItemError(key_text(raw), problem)
@@ -123,6 +129,32 @@ def notices_of(plain: Mapping[str, Any]) -> frozenset[str]:
     if not isinstance(notices, set):
         return frozenset()
     return frozenset(n for n in notices if isinstance(n, str))
+
+
+def foreign(sessions: Iterable[SessionItem]) -> list[SessionItem]:
+    """The live sessions of another session protocol: a worker must not share the
+    table with them, since each side would read the other's sessions by the wrong
+    rules (docs/DEPLOY.md). A protocol-1 session is ALIVE with neither a protocol nor a
+    beat; an item that lost its state as well is damaged, not foreign, and is reaped
+    like any other once it lapsed (docs/DESIGN.md §2.2)."""
+    return [
+        session
+        for session in sessions
+        if session.reapable and _protocol_of(session) != schema.SESSION_PROTOCOL_NOW
+    ]
+
+
+def _protocol_of(session: SessionItem) -> int:
+    if session.protocol is not None:
+        return session.protocol
+    if session.alive and session.beat is None:
+        return 1
+    return schema.SESSION_PROTOCOL_NOW
+
+
+def _integer_or_none(raw: Any) -> int | None:
+    """Compared, never trusted: anything but an integer reads as absent."""
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
 
 
 def _text_or_none(raw: Any) -> str | None:
@@ -154,6 +186,7 @@ _NAMES = {
     "#conns": schema.SESSION_CONNECTIONS,
     "#cap": schema.SESSION_CAPACITY,
     "#takers": schema.SESSION_TAKERS,
+    "#beat": schema.SESSION_BEAT,
     "#pk": schema.PARTITION_KEY,
 }
 
@@ -184,6 +217,8 @@ def new_session_item(
         schema.SESSION_CONNECTIONS: to_attribute(0),
         schema.SESSION_CAPACITY: to_attribute(capacity),
         schema.SESSION_VERSION: to_attribute(VERSION),
+        schema.SESSION_BEAT: to_attribute(0),
+        schema.SESSION_PROTOCOL: to_attribute(schema.SESSION_PROTOCOL_NOW),
     }
 
 
@@ -195,32 +230,32 @@ def renew_update(
     acted_on: Iterable[str] = (),
     capacity: int | None = None,
 ) -> ConditionalUpdate:
-    """Extend the session to ``now + lease``.
+    """Renew the session: add 1 to its beat.
 
-    ``#state = ALIVE``: a reaped session can never pass again. ``#expires <= :expires``
-    keeps an older renew that arrives late from moving the expiry backwards (a retry
-    of the same renew writes the same value and passes). The notices the owner has
-    acted on are removed in the same write, so acting on a stop costs no write of its
-    own. ``connections`` and ``capacity`` publish the worker's load (capacity 0: it is
-    draining), which the others read when they list the sessions.
+    ``#state = ALIVE``: a reaped session can never pass again. Any renew that lands
+    changes the beat, however late it lands and in whatever order, and so fails a reap
+    whose reaper had not seen it. The notices the owner has acted on are removed in
+    the same write, so acting on a stop costs no write of its own. ``connections`` and
+    ``capacity`` publish the worker's load (capacity 0: it is draining), which the
+    others read when they list the sessions. The wall-clock expiry is for people.
     """
     acted = sorted(set(acted_on))
     update = "SET #expires = :expires, #conns = :conns"
-    names = _names("#state", "#expires", "#conns")
-    values = _values(alive=schema.ALIVE, expires=now_ms + timing.lease_ms, conns=connections)
+    names = _names("#state", "#expires", "#conns", "#beat")
+    values = _values(alive=schema.ALIVE, expires=now_ms + timing.lease_ms, conns=connections, one=1)
     if capacity is not None:
         update += ", #cap = :cap"
         names |= _names("#cap")
         values |= _values(cap=capacity)
+    update += " ADD #beat :one"
     if acted:
         update += " DELETE #notices :acted"
         names |= _names("#notices")
         values[":acted"] = {"SS": acted}
     return ConditionalUpdate(
         update_expression=update,
-        # NOT >: also true when the expiry is missing or not a number, which the renew
-        # then writes again; only a later renew's expiry refuses it.
-        condition_expression="#state = :alive AND NOT #expires > :expires",
+        # ALIVE only: a reaped session never passes again, however late its renew.
+        condition_expression="#state = :alive",
         names=names,
         values=values,
     )
@@ -231,80 +266,45 @@ class RenewRefusal(enum.Enum):
 
     REAPED = "reaped"
     """DEAD (or gone): every connection of the session is lost; open a new one."""
-    SUPERSEDED = "superseded"
-    """A later renew of this session already landed; this late one changes nothing."""
-
-    @property
-    def keeps_session(self) -> bool:
-        return self is RenewRefusal.SUPERSEDED
 
 
 def renew_failure(old: SessionItem | None) -> RenewRefusal:
-    """``old``: the item that refused the renew; None when there is none, or when it
-    cannot be decoded (nothing says the session is still ALIVE)."""
-    if old is None or not old.alive:
-        return RenewRefusal.REAPED
-    return RenewRefusal.SUPERSEDED
+    """``old``: the item that refused the renew (None when there is none, or when it
+    cannot be decoded): the renew requires nothing but ALIVE, so it was reaped."""
+    return RenewRefusal.REAPED
 
 
 # --- reaping -----------------------------------------------------------------------------
 
 
-def reap_cutoff_ms(now_ms: int, timing: LeaseTiming) -> int:
-    """Sessions whose expiry is before this instant have lapsed: ``now - skew``."""
-    return now_ms - timing.skew_ms
-
-
-def is_lapsed(session: SessionItem, now_ms: int, timing: LeaseTiming) -> bool:
-    """ALIVE (or without a state) but not renewed in time: a reap at ``now_ms`` would
-    pass its condition."""
-    return session.reapable and session.expires_at_ms < reap_cutoff_ms(now_ms, timing)
-
-
-REAP_WAKE_MARGIN_MS = 10
-"""How long after the instant a session lapses the reconciler wakes to reap it: a
-timer that fires a little early finds it not lapsed yet and waits again."""
-
-
-def next_reap_ms(
-    sessions: Iterable[SessionItem], mine: tuple[str, int], now_ms: int, timing: LeaseTiming
-) -> int | None:
-    """When the next pass should come, at the latest, for a reap to follow a lapse at
-    once: the earliest instant after ``now_ms`` at which a listed ALIVE session (not
-    ``mine``) lapses if it is not renewed (its expiry + skew, plus
-    :data:`REAP_WAKE_MARGIN_MS`); None when there is none. A live session renews every
-    heartbeat, so its instant stays about ``L + S - heartbeat`` ahead, beyond the next
-    pass: only a session that stopped renewing brings a pass forward."""
-    instants = (
-        session.expires_at_ms + timing.skew_ms + REAP_WAKE_MARGIN_MS
-        for session in sessions
-        if session.alive and session.key != mine
-    )
-    return min((at for at in instants if at > now_ms), default=None)
-
-
 def reap_update(
     reaper: str,
     now_ms: int,
-    timing: LeaseTiming,
+    beat: int | None,
     takers: Takers | None = None,
     *,
     state_absent: bool = False,
 ) -> ConditionalUpdate:
-    """Mark a lapsed session DEAD, once and for good; with ``takers``
-    (:func:`takeover_plan`), record in the same write who takes which of its
-    connections, so that everyone who sees it DEAD reads the same plan.
-    ``state_absent``: the session was listed without a state, which the condition
-    then matches as missing (nothing writes one back but a reap: a renew needs
-    ALIVE)."""
+    """Mark a lapsed session DEAD, once and for good, on condition that its beat is
+    still the one the reaper saw unchanged for the lease (:class:`SessionWatch`; None:
+    the item had none); with ``takers`` (:func:`takeover_plan`), record in the same
+    write who takes which of its connections, so that everyone who sees it DEAD reads
+    the same plan. ``state_absent``: the session was listed without a state, which the
+    condition then matches as missing (nothing writes one back but a reap: a renew
+    needs ALIVE). ``now_ms`` is recorded for people."""
     state = "attribute_not_exists(#state)" if state_absent else "#state = :alive"
-    values = _values(dead=schema.DEAD, now=now_ms, me=reaper, cutoff=reap_cutoff_ms(now_ms, timing))
+    values = _values(dead=schema.DEAD, now=now_ms, me=reaper)
     if not state_absent:
         values |= _values(alive=schema.ALIVE)
+    if beat is None:
+        same_beat = "attribute_not_exists(#beat)"
+    else:
+        same_beat = "#beat = :beat"
+        values |= _values(beat=beat)
     update = ConditionalUpdate(
         update_expression="SET #state = :dead, #reapedat = :now, #reapedby = :me",
-        condition_expression=f"{state} AND #expires < :cutoff",
-        names=_names("#state", "#reapedat", "#reapedby", "#expires"),
+        condition_expression=f"{state} AND {same_beat}",
+        names=_names("#state", "#reapedat", "#reapedby", "#beat"),
         values=values,
     )
     if not takers:
@@ -398,12 +398,13 @@ def reaper_of(session: SessionItem) -> str | None:
     return session.reaped_by
 
 
-def may_sweep(session: SessionItem, me: str, now_ms: int, grace_ms: int) -> bool:
+def may_sweep(session: SessionItem, me: str, dead_for: float, grace: float) -> bool:
     """Whether this worker looks at a DEAD session's connections now. When the reap
     recorded its plan (:func:`takeover_plan`), everyone goes at once: each takes its
-    own part. Without one (a reap by an older worker, a retire) the reaper goes at once
-    (it takes all it has room for) and the others wait ``grace_ms`` after the reap and
-    take what is left (the excess), so they do not race the reaper's writes; a session
+    own part. Without one (a reap that found nothing to plan, a retire) the reaper goes
+    at once (it takes all it has room for) and the others wait until they have seen
+    it DEAD for ``grace`` (``dead_for``, on their own clock) and take what is left (the
+    excess), so they do not race the reaper's writes; a session
     retired by its own worker has no reaper to wait for (:func:`reaper_of`): everyone
     goes at once."""
     # DEAD only: a session without a state is reaped first (its owner may still be
@@ -412,16 +413,19 @@ def may_sweep(session: SessionItem, me: str, now_ms: int, grace_ms: int) -> bool
         return False
     if session.takers is not None:
         return True
-    return session.reaped_by in (me, session.worker_id) or (
-        now_ms >= session.reaped_at_ms + grace_ms
-    )
+    return session.reaped_by in (me, session.worker_id) or dead_for >= grace
 
 
-def can_take(session: SessionItem, now_ms: int) -> bool:
-    """A session that takes over connections, as listed: ALIVE, not expired by this
-    clock, and with room in the load it last published."""
+Overdue = Collection[tuple[str, int]]
+"""The sessions this worker has seen go unrenewed for a lease or more
+(:meth:`SessionWatch.overdue`): alive as listed, but not to be counted on."""
+
+
+def can_take(session: SessionItem, overdue: Overdue) -> bool:
+    """A session that takes over connections, as listed: ALIVE, renewed within the
+    lease as this worker has seen it, and with room in the load it last published."""
     room = session.capacity - session.connections
-    return session.alive and session.expires_at_ms > now_ms and room > 0
+    return session.alive and session.key not in overdue and room > 0
 
 
 def takeover_plan(
@@ -430,7 +434,7 @@ def takeover_plan(
     reaper: str,
     room: int,
     sessions: Iterable[SessionItem],
-    now_ms: int,
+    overdue: Overdue,
 ) -> Takers:
     """Who takes which of a lapsed session's STARTED connections (``remaining``), as
     the reaper decides it just before its reap and records it in the reap's write.
@@ -457,7 +461,7 @@ def takeover_plan(
     capacity = max(own) if own else max(0, room)
     loads[reaper] = (capacity - min(max(0, room), capacity), capacity)
     for session in sessions:
-        if session.worker_id == reaper or not can_take(session, now_ms):
+        if session.worker_id == reaper or not can_take(session, overdue):
             continue
         known = loads.get(session.worker_id)
         if known is None or session.capacity - session.connections > known[1] - known[0]:
@@ -507,14 +511,14 @@ def planned_taker(connection_id: str, takers: Takers) -> str:
     return takers[-1][0]
 
 
-def open_taker(connection_id: str, sessions: Iterable[SessionItem], now_ms: int) -> str | None:
+def open_taker(connection_id: str, sessions: Iterable[SessionItem], overdue: Overdue) -> str | None:
     """Who takes a connection whose planned taker cannot (gone, expired, or full as
     published): the session that :func:`can_take` with the highest
     ``crc32(<id> <worker>)`` (rendezvous hashing: every worker with the same listing
     picks the same one, and one leaving moves only what it had)."""
     best: tuple[int, str] | None = None
     for session in sessions:
-        if can_take(session, now_ms):
+        if can_take(session, overdue):
             score = (zlib.crc32(f"{connection_id} {session.worker_id}".encode()), session.worker_id)
             if best is None or score > best:
                 best = score
@@ -528,7 +532,7 @@ def planned_share(
     takers: Takers,
     sessions: Sequence[SessionItem],
     free: int,
-    now_ms: int,
+    overdue: Overdue,
 ) -> list[str]:
     """Which of a dead session's remaining STARTED connections this worker takes now,
     by the reap's plan: its own part, at once, and any connection whose planned taker
@@ -536,11 +540,11 @@ def planned_share(
     ``free``."""
     if free <= 0 or not takers:
         return []
-    able = {session.worker_id for session in sessions if can_take(session, now_ms)}
+    able = {session.worker_id for session in sessions if can_take(session, overdue)}
     share: list[str] = []
     for connection_id in sorted(remaining):
         taker = planned_taker(connection_id, takers)
-        if taker != me and (taker in able or open_taker(connection_id, sessions, now_ms) != me):
+        if taker != me and (taker in able or open_taker(connection_id, sessions, overdue) != me):
             continue
         share.append(connection_id)
         if len(share) >= free:
@@ -595,9 +599,10 @@ anyone takes anything. A taker that died meanwhile, or filled up, is seen at onc
 session is no longer ALIVE, or publishes no room)."""
 
 
-def reaper_fallback_ms(session: SessionItem, timing: LeaseTiming) -> int:
-    """The instant after which anyone takes any of a dead session's connections."""
-    return (session.reaped_at_ms or 0) + REAPER_FALLBACK_LEASES * timing.lease_ms
+def reaper_fallback_due(dead_for: float, timing: LeaseTiming) -> bool:
+    """Whether anyone now takes any of a dead session's connections: once this worker
+    has seen it DEAD for :data:`REAPER_FALLBACK_LEASES` leases."""
+    return dead_for >= REAPER_FALLBACK_LEASES * timing.lease
 
 
 def sweep_share(
@@ -607,21 +612,23 @@ def sweep_share(
     me: str,
     sessions: Sequence[SessionItem],
     free: int,
-    now_ms: int,
+    dead_for: float,
+    overdue: Overdue,
     timing: LeaseTiming,
 ) -> list[str]:
     """Which of a DEAD ``session``'s remaining STARTED connections this worker takes
     over now (once :func:`may_sweep` let it look): by the reap's plan when it recorded
     one (:func:`planned_share`), by :func:`takeover_share` when it did not; and
-    anything, from the back, once :func:`reaper_fallback_ms` has passed."""
+    anything, from the back, once :func:`reaper_fallback_due` (``dead_for``: how long
+    this worker has seen it DEAD)."""
     ids = sorted(remaining)
     reaper_id = reaper_of(session)
     reaper = reaper_id == me
-    if now_ms >= reaper_fallback_ms(session, timing):
+    if reaper_fallback_due(dead_for, timing):
         return takeover_share(ids, reaper=reaper, reaper_room=None, free=free)
     if session.takers is not None:
         return planned_share(
-            ids, me=me, takers=session.takers, sessions=sessions, free=free, now_ms=now_ms
+            ids, me=me, takers=session.takers, sessions=sessions, free=free, overdue=overdue
         )
     room = reaper_room(sessions, reaper_id)
     return takeover_share(ids, reaper=reaper, reaper_room=room, free=free)
@@ -636,10 +643,10 @@ def reaper_room(sessions: Iterable[SessionItem], reaper: str | None) -> int | No
     return None
 
 
-def may_forget(last_entries_seen_ms: int, now_ms: int, timing: LeaseTiming) -> bool:
+def may_forget(unseen_for: float, timing: LeaseTiming) -> bool:
     """A DEAD session and its page are deleted once no connection has been seen under
     it for a full lease (the owner index is eventually consistent)."""
-    return now_ms - last_entries_seen_ms >= timing.lease_ms
+    return unseen_for >= timing.lease
 
 
 def forget_condition() -> dict[str, Any]:
@@ -652,5 +659,7 @@ def forget_condition() -> dict[str, Any]:
 
 
 def takeover_latency_ms(session: SessionItem, now_ms: int) -> int:
-    """From the moment the dead session's lease lapsed to this takeover."""
+    """From the moment the dead session's lease lapsed, by its writer's wall clock, to
+    this takeover by this worker's: a figure for people, off by the two clocks'
+    offset."""
     return max(0, now_ms - session.expires_at_ms)

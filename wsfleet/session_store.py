@@ -127,13 +127,15 @@ class SessionStore:
         now_ms: int,
         takers: session_rules.Takers | None = None,
     ) -> bool:
-        """Mark a lapsed session DEAD, recording ``takers`` (who takes which of its
-        connections) when given; True for exactly one of any number of reapers."""
+        """Mark a session DEAD, on condition that its beat is still ``session.beat``
+        (the one the reaper saw unchanged for ``expire_after``: the caller decides
+        that), recording ``takers`` (who takes which of its connections) when given;
+        True for exactly one of any number of reapers."""
         return self._conditional(
             session.worker_id,
             session.session_gen,
             session_rules.reap_update(
-                reaper, now_ms, self._timing, takers, state_absent=session.state is None
+                reaper, now_ms, session.beat, takers, state_absent=session.state is None
             ),
         )
 
@@ -213,13 +215,15 @@ class SessionStore:
         session_gen: int,
         entries: Mapping[str, PageEntry],
         now_ms: int,
+        number: int,
     ) -> bool:
-        """Put the page; False when a newer one is already there."""
+        """Put the page numbered ``number`` (each write of the session's pages takes a
+        higher one); False when a newer one is already there."""
         try:
             self._client.put_item(
                 TableName=self._table,
-                Item=page_item(worker_id, session_gen, entries, now_ms),
-                **page_put_condition(now_ms),
+                Item=page_item(worker_id, session_gen, entries, now_ms, number),
+                **page_put_condition(number),
             )
         except ClientError as error:
             if _condition_failed(error):

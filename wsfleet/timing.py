@@ -13,9 +13,17 @@ MAX_RELEASE_SECONDS: Final = 30.0
 MIN_SHUTDOWN_SECONDS: Final = 20.0
 """The shortest wait of a graceful shutdown for its connections to end."""
 DEFAULT_LEASE_SECONDS: Final = 2.5
-DEFAULT_SKEW_SECONDS: Final = 0.25
-"""Fixed, not a fraction of the lease: the clocks of the fleet are kept by NTP (the
-Amazon Time Sync Service on Fargate), which holds them within milliseconds."""
+MIN_LEASE_SECONDS: Final = 1.5
+"""The shortest lease a deployment may set: below it a renew has under a second and a
+quarter to land (a slow DynamoDB moment would cost sessions), and the renews, four a
+second and more, cost more than they buy."""
+DRIFT_RATE: Final = 0.001
+"""The most two workers' monotonic clocks may differ in rate (1,000 parts per million:
+a free-running crystal is off by tens, and NTP slews by at most 500). Only durations
+measured on one worker's own monotonic clock decide safety, never a wall clock nor an
+instant compared across workers: a holder fences a little before ``lease`` after its
+renew's send, and a reaper waits a little more than ``lease`` after first seeing the
+renew (docs/DESIGN.md §3.6)."""
 DEFAULT_CHECKPOINT_SECONDS: Final = 5.0
 MAX_CHECKPOINT_SECONDS: Final = 300.0
 RENEW_ATTEMPTS_IN_FENCE_WINDOW: Final = 3
@@ -41,16 +49,28 @@ class LeaseTiming:
 
     ``lease`` is the session lease. Only it must be chosen; :meth:`from_lease`
     derives the rest: heartbeat = reconcile = 0.24 x lease (0.6 s at the default
-    2.5 s), skew = 0.25 s (fixed), margin = lease/10, checkpoint = 5 s.
+    2.5 s), margin = lease/5 (0.5 s), checkpoint = 5 s.
     """
 
     lease: float
     heartbeat: float
     reconcile: float
-    skew: float
     margin: float
+    """Kept between the fence deadline and the earliest reap: for the holder's clock
+    running slower than real time (up to :data:`DRIFT_RATE`), and for what happens
+    between a runner's check of its deadline and the handler call it allows."""
     checkpoint: float = DEFAULT_CHECKPOINT_SECONDS
     """Seconds between two writes of a session's checkpoint page."""
+
+    @classmethod
+    def deployed(
+        cls, lease: float = DEFAULT_LEASE_SECONDS, **overrides: float | None
+    ) -> LeaseTiming:
+        """:meth:`from_lease` for a deployment (the worker's settings, the stack's
+        options): also refuses a lease under :data:`MIN_LEASE_SECONDS`."""
+        if lease < MIN_LEASE_SECONDS:
+            raise InvalidTimingError(f"lease must be >= {MIN_LEASE_SECONDS} s, got {lease}")
+        return cls.from_lease(lease, **overrides)
 
     @classmethod
     def from_lease(
@@ -59,7 +79,6 @@ class LeaseTiming:
         *,
         heartbeat: float | None = None,
         reconcile: float | None = None,
-        skew: float | None = None,
         margin: float | None = None,
         checkpoint: float | None = None,
     ) -> LeaseTiming:
@@ -67,8 +86,7 @@ class LeaseTiming:
             lease=lease,
             heartbeat=0.24 * lease if heartbeat is None else heartbeat,
             reconcile=0.24 * lease if reconcile is None else reconcile,
-            skew=DEFAULT_SKEW_SECONDS if skew is None else skew,
-            margin=lease / 10 if margin is None else margin,
+            margin=lease / 5 if margin is None else margin,
             checkpoint=DEFAULT_CHECKPOINT_SECONDS if checkpoint is None else checkpoint,
         )
         timing.validate()
@@ -77,22 +95,21 @@ class LeaseTiming:
     def validate(self) -> None:
         """Raise :class:`InvalidTimingError` unless three session renews are sent within
         one fence window (the worker pauses only when three in a row did not land in
-        time), and the skew is small against the lease."""
+        time)."""
         for name in ("lease", "heartbeat", "reconcile", "checkpoint"):
             if not getattr(self, name) > 0:
                 raise InvalidTimingError(f"{name} must be > 0 s, got {getattr(self, name)}")
-        for name in ("skew", "margin"):
-            if getattr(self, name) < 0:
-                raise InvalidTimingError(f"{name} must be >= 0 s, got {getattr(self, name)}")
-        attempts = RENEW_ATTEMPTS_IN_FENCE_WINDOW
-        if not attempts * self.heartbeat <= self.lease - self.skew - self.margin:
+        if not self.margin > 2 * DRIFT_RATE * self.lease:
             raise InvalidTimingError(
-                f"need {attempts}*heartbeat <= lease - skew - margin ({attempts} renew attempts"
-                f" before fencing): {attempts}*{self.heartbeat} >"
-                f" {self.lease} - {self.skew} - {self.margin}"
+                f"need margin > 2*{DRIFT_RATE}*lease (the clocks' drift over a lease):"
+                f" {self.margin} <= {2 * DRIFT_RATE * self.lease}"
             )
-        if not self.skew < self.lease / 4:
-            raise InvalidTimingError(f"need skew < lease/4: {self.skew} >= {self.lease / 4}")
+        attempts = RENEW_ATTEMPTS_IN_FENCE_WINDOW
+        if not attempts * self.heartbeat <= self.fence_after:
+            raise InvalidTimingError(
+                f"need {attempts}*heartbeat <= lease - margin ({attempts} renew attempts"
+                f" before fencing): {attempts}*{self.heartbeat} > {self.lease} - {self.margin}"
+            )
         if self.checkpoint > MAX_CHECKPOINT_SECONDS:
             raise InvalidTimingError(
                 f"checkpoint must be <= {MAX_CHECKPOINT_SECONDS} s, got {self.checkpoint}"
@@ -103,14 +120,16 @@ class LeaseTiming:
         return round(self.lease * 1000)
 
     @property
-    def skew_ms(self) -> int:
-        return round(self.skew * 1000)
+    def fence_after(self) -> float:
+        """Seconds after a session renew was *sent*, on the holder's monotonic clock,
+        during which its connections may still handle messages: ``lease - margin``."""
+        return self.lease - self.margin
 
     @property
-    def fence_after(self) -> float:
-        """Seconds after a session renew was *sent* during which its connections may
-        still handle messages: ``lease - skew - margin``."""
-        return self.lease - self.skew - self.margin
+    def expire_after(self) -> float:
+        """Seconds a reaper must have seen a session's renew count unchanged, on its
+        own monotonic clock, before it may reap it: ``lease x (1 + DRIFT_RATE)``."""
+        return self.lease * (1 + DRIFT_RATE)
 
     @property
     def renew_attempt_timeout(self) -> float:
@@ -164,6 +183,7 @@ class LeaseTiming:
         return OWN_CHECK_PASSES * 1.2 * self.reconcile + 1.0
 
     def crash_failover_bound(self) -> float:
-        """What docs/DESIGN.md §3.11 promises for a crashed holder:
-        lease + skew + 1.2 x reconcile + 1 s."""
-        return self.lease + self.skew + 1.2 * self.reconcile + 1.0
+        """What docs/DESIGN.md §3.11 promises for a crashed holder: its last renew is
+        seen within a reconcile pass (+20% jitter), the reap comes ``expire_after``
+        later, and a second for the takeover and the connect."""
+        return self.expire_after + 1.2 * self.reconcile + 1.0

@@ -34,10 +34,12 @@ def test_classify_session_and_page_writes() -> None:
     session = schema.session_partition("w")
     renew = session_rules.renew_update(0, TIMING, connections=3)
     acted = session_rules.renew_update(0, TIMING, connections=3, acted_on=["x stop 1"])
-    reap = session_rules.reap_update("me", 0, TIMING)
+    with_capacity = session_rules.renew_update(0, TIMING, connections=3, capacity=500)
+    reap = session_rules.reap_update("me", 0, 7)
     notice = session_rules.notice_update("x stop 1")
     assert dr.classify("UpdateItem", _update(session, renew.update_expression)) == dr.RENEW
     assert dr.classify("UpdateItem", _update(session, acted.update_expression)) == dr.RENEW
+    assert dr.classify("UpdateItem", _update(session, with_capacity.update_expression)) == dr.RENEW
     assert dr.classify("UpdateItem", _update(session, reap.update_expression)) == dr.SESSION_END
     assert dr.classify("UpdateItem", _update(session, notice.update_expression)) == dr.NOTICE
     assert dr.classify("PutItem", {"Item": {"Pk": {"S": session}}}) == dr.SESSION_OPEN

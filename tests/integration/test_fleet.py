@@ -1,5 +1,5 @@
-"""Real worker processes (lease 2 s: heartbeat 0.5 s, reconcile 0.5 s, skew 0.1 s)
-against DynamoDB Local, moto SQS and the demo feed on loopback, with a recording
+"""Real worker processes (lease 2 s: heartbeat 0.5 s, reconcile 0.5 s; MAX_SKEW_SECONDS
+set, and ignored) against DynamoDB Local, moto SQS and the demo feed on loopback, with a recording
 handler. Bounds are the promises of docs/DESIGN.md §3.11; deadlines are about twice them."""
 
 from __future__ import annotations

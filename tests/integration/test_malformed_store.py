@@ -24,7 +24,7 @@ from wsfleet.session_store import SessionStore
 pytestmark = pytest.mark.timeout(scaled(120))
 
 TIMING = STORE_TIMING
-LAPSED = T0 + TIMING.lease_ms + TIMING.skew_ms + 1
+LAPSED = T0 + TIMING.lease_ms + 1
 
 
 @pytest.fixture

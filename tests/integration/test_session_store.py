@@ -29,7 +29,8 @@ from wsfleet.session_store import SessionRenewed, SessionStore
 pytestmark = pytest.mark.timeout(scaled(240))
 
 TIMING = STORE_TIMING
-LAPSED = T0 + TIMING.lease_ms + TIMING.skew_ms + 1
+LAPSED = T0 + TIMING.lease_ms + 1
+"""A wall time for the reaps' records: it decides nothing."""
 """The first instant at which a session opened (or last renewed) at T0 may be reaped."""
 
 
@@ -95,7 +96,7 @@ def test_sixteen_reapers_of_a_lapsed_session_then_sixteen_takers_of_its_200_conn
             leases = list(pool.map(lambda cid, d=dead: won(store.acquire(cid, d, 1, T0)), ids))
             page_seqs = {lease.connection_id: 10 + n for n, lease in enumerate(leases)}
             entries = {cid: PageEntry(1, 0, seq, T0) for cid, seq in page_seqs.items()}
-            assert sessions.write_page(dead, 1, entries, T0 + 1_000)
+            assert sessions.write_page(dead, 1, entries, T0 + 1_000, 1)
             listed = eventually(lambda d=dead: owned_ids(store, d), lambda found: len(found) == 200)
             assert listed == set(ids)
             session = session_of(sessions, dead)
@@ -150,12 +151,10 @@ def test_sixteen_reapers_of_a_lapsed_session_then_sixteen_takers_of_its_200_conn
 def test_a_late_renew_after_a_reap_is_refused_and_never_revives_the_session(sessions):
     assert sessions.open("w1", 1, T0, capacity=10)
     assert isinstance(sessions.renew("w1", 1, T0 + 1_000, connections=3), SessionRenewed)
-    reap_at = T0 + 1_000 + TIMING.lease_ms + TIMING.skew_ms + 1
+    reap_at = T0 + 1_000 + TIMING.lease_ms + 1
     assert sessions.reap(session_of(sessions, "w1"), "w2", reap_at)
     for sent in (T0 + 1_500, reap_at, reap_at + 10**6):  # late, on time, far later
-        result = sessions.renew("w1", 1, sent, connections=3)
-        assert result is RenewRefusal.REAPED
-        assert not result.keeps_session
+        assert sessions.renew("w1", 1, sent, connections=3) is RenewRefusal.REAPED
     session = session_of(sessions, "w1")
     assert (session.state, session.reaped_by, session.reaped_at_ms) == (schema.DEAD, "w2", reap_at)
     assert session.expires_at_ms == T0 + 1_000 + TIMING.lease_ms
@@ -179,25 +178,34 @@ def test_a_reap_records_its_plan_and_a_refused_reap_leaves_it_alone(sessions):
     assert session_of(sessions, "w5").takers is None
 
 
-def test_a_session_is_reaped_only_once_lapsed_by_more_than_the_skew(sessions):
+def test_a_reap_passes_only_on_the_beat_its_reaper_saw(sessions):
+    """The reap's condition is the beat, not a time: a renew that lands after the
+    reaper's listing fails it, whatever the wall clocks say (here a reap stamped an
+    hour early, and one stamped an hour late)."""
     assert sessions.open("w1", 1, T0, capacity=1)
-    session = session_of(sessions, "w1")
-    assert (session.expires_at_ms, session.started_at_ms) == (T0 + TIMING.lease_ms, T0)
-    assert not sessions.reap(session, "w2", T0 + TIMING.lease_ms + TIMING.skew_ms)
+    seen = session_of(sessions, "w1")
+    assert (seen.beat, seen.expires_at_ms, seen.started_at_ms) == (0, T0 + TIMING.lease_ms, T0)
+    assert isinstance(sessions.renew("w1", 1, T0 + 600, connections=0), SessionRenewed)
+    assert not sessions.reap(seen, "w2", T0 + 3_600_000)
     assert session_of(sessions, "w1").alive
-    assert sessions.reap(session, "w2", T0 + TIMING.lease_ms + TIMING.skew_ms + 1)
+    renewed = session_of(sessions, "w1")
+    assert renewed.beat == 1
+    assert sessions.reap(renewed, "w2", T0 - 3_600_000)
+    assert session_of(sessions, "w1").state == schema.DEAD
 
 
-def test_a_renew_arriving_after_a_later_one_is_superseded_and_moves_nothing(sessions):
+def test_every_renew_that_lands_changes_the_beat_in_any_order(sessions):
+    """Renews overlap (one a heartbeat, each awaited for the fence window): one that
+    lands after a later one still lands, and still changes the beat, so a reaper that
+    saw neither cannot reap. The wall-clock expiry it writes is for people."""
     assert sessions.open("w1", 1, T0, capacity=4)
     assert isinstance(sessions.renew("w1", 1, T0 + 2_000, connections=2), SessionRenewed)
-    late = sessions.renew("w1", 1, T0 + 1_000, connections=1)
-    assert late is RenewRefusal.SUPERSEDED
-    assert late.keeps_session
+    assert isinstance(sessions.renew("w1", 1, T0 + 1_000, connections=1), SessionRenewed)
     session = session_of(sessions, "w1")
-    assert (session.expires_at_ms, session.connections) == (T0 + 2_000 + TIMING.lease_ms, 2)
-    # A retry of the renew that landed writes the same expiry, and passes.
-    assert isinstance(sessions.renew("w1", 1, T0 + 2_000, connections=2), SessionRenewed)
+    assert (session.beat, session.connections) == (2, 1)
+    # A wall clock stepped back an hour changes nothing either.
+    assert isinstance(sessions.renew("w1", 1, T0 - 3_600_000, connections=1), SessionRenewed)
+    assert session_of(sessions, "w1").beat == 3
 
 
 def test_a_session_is_opened_once_per_generation_and_listed(sessions):
@@ -295,7 +303,7 @@ def test_the_resume_point_comes_from_the_page_only_for_the_items_hold_and_stream
     assert sessions.open("w1", 1, T0, capacity=1)
     assert won(store.acquire("c", "w1", 1, T0 + 2)).epoch == 2
     entries = {"other": PageEntry(2, 0, 99, T0)} | ({} if entry is None else {"c": entry})
-    assert sessions.write_page("w1", 1, entries, T0 + 3)
+    assert sessions.write_page("w1", 1, entries, T0 + 3, 1)
     reaped(sessions, "w1")
     page = sessions.read_page("w1", 1)
     assert page is not None
@@ -332,7 +340,7 @@ def test_a_takeover_is_conditioned_on_the_checkpoint_it_read(
     """A checkpoint lands on the item (owner unchanged) between the taker's read and
     its write: the first attempt fails, and the retry resumes from the fresh item."""
     session_owning(sessions, store, control, ["c"])
-    assert sessions.write_page("w1", 1, {"c": PageEntry(1, 0, 42, T0)}, T0 + 1)
+    assert sessions.write_page("w1", 1, {"c": PageEntry(1, 0, 42, T0)}, T0 + 1, 1)
     reaped(sessions, "w1")
     [seen] = eventually(lambda: store.owned_by("w1", 1), lambda found: len(found) == 1)
     page = sessions.read_page("w1", 1)
@@ -378,25 +386,36 @@ def test_a_final_release_between_the_read_and_the_takeover_leaves_the_connection
 
 def test_a_page_written_late_records_nothing_unhandled(sessions):
     """A page write that arrives after a newer one (an older snapshot of the
-    checkpoints) is refused: the stored page keeps the newer entries."""
+    checkpoints, a lower number) is refused: the stored page keeps the newer entries."""
     t1, t2 = T0 + 5_000, T0 + 10_000
     newer = {"a": PageEntry(1, 0, 20, t2 - 300), "b": PageEntry(3, 1, 7, None)}
     older = {"a": PageEntry(1, 0, 12, t1 - 100), "b": PageEntry(3, 1, 2, t1 - 100)}
-    assert sessions.write_page("w1", 1, newer, t2)
-    assert sessions.write_page("w1", 1, older, t1) is False
-    assert sessions.write_page("w1", 1, older, t2) is False  # not even at the same instant
+    assert sessions.write_page("w1", 1, newer, t2, 2)
+    assert sessions.write_page("w1", 1, older, t1, 1) is False
+    assert sessions.write_page("w1", 1, older, t2, 2) is False  # not even the same number
     page = sessions.read_page("w1", 1)
     assert page == CheckpointPage(written_at_ms=t2, entries=newer)
-    assert sessions.write_page("w1", 1, older, t2 + 1)  # a genuinely newer write passes
+    assert sessions.write_page("w1", 1, older, t2 + 1, 3)  # a genuinely newer write passes
     assert sessions.read_page("w1", 1) == CheckpointPage(t2 + 1, older)
     assert sessions.read_page("w1", 2) is None
+
+
+def test_a_page_is_ordered_by_its_number_not_by_its_wall_time(sessions):
+    """A writer whose wall clock stepped back keeps writing its pages: before the
+    number, every page was refused until the clock caught up, and a takeover resumed
+    from the last page before the step (found by the simulator, seed 118 on the draws
+    of `128e23a`: 15 s of messages delivered again after a crash)."""
+    entries = {"a": PageEntry(1, 0, 30, None)}
+    assert sessions.write_page("w1", 1, {"a": PageEntry(1, 0, 20, None)}, T0, 1)
+    assert sessions.write_page("w1", 1, entries, T0 - 21_300, 2)  # the clock went back
+    assert sessions.read_page("w1", 1) == CheckpointPage(T0 - 21_300, entries)
 
 
 def test_a_page_of_five_hundred_connections_fits_in_one_small_item(ddb, table, sessions):
     entries = {
         f"conn-{n:04d}": PageEntry(n % 7 + 1, n % 3, 1_000_000 + n * 13, T0 - n) for n in range(500)
     }
-    assert sessions.write_page("w1", 1, entries, T0)
+    assert sessions.write_page("w1", 1, entries, T0, 1)
     page = sessions.read_page("w1", 1)
     assert page is not None
     assert page.entries == entries
@@ -462,7 +481,7 @@ def test_a_notice_for_a_forgotten_session_is_a_no_op(ddb, table, sessions, store
 def test_forget_deletes_only_a_dead_session_and_its_page(sessions):
     for worker in ("alive", "dead", "retired"):
         assert sessions.open(worker, 1, T0, capacity=1)
-        assert sessions.write_page(worker, 1, {"c": PageEntry(1, 0, 1, T0)}, T0 + 1)
+        assert sessions.write_page(worker, 1, {"c": PageEntry(1, 0, 1, T0)}, T0 + 1, 1)
     assert isinstance(sessions.renew("alive", 1, LAPSED, connections=0), SessionRenewed)
     assert sessions.retire("retired", 1, T0 + 2)
     dead = reaped(sessions, "dead")
@@ -497,7 +516,7 @@ def test_a_batched_takeover_takes_every_connection_once_from_the_page(
     entries = {
         cid: PageEntry(epoch=1, seq_gen=0, seq=n, advanced_at_ms=T0) for n, cid in enumerate(ids)
     }
-    assert sessions.write_page("w1", 1, entries, T0 + 1)
+    assert sessions.write_page("w1", 1, entries, T0 + 1, 1)
     assert sessions.reap(session_of(sessions, "w1"), "w2", LAPSED)
     seen = eventually(lambda: store.owned_by("w1", 1), lambda found: len(found) == 200)
     page = sessions.read_page("w1", 1)
@@ -604,7 +623,7 @@ def test_a_batched_takeover_never_pairs_a_new_stream_with_the_old_resume_point(
     no handler."""
     session_owning(sessions, store, control, ["f"])
     assert sessions.write_page(
-        "w1", 1, {"f": PageEntry(epoch=1, seq_gen=0, seq=40, advanced_at_ms=T0)}, T0 + 1
+        "w1", 1, {"f": PageEntry(epoch=1, seq_gen=0, seq=40, advanced_at_ms=T0)}, T0 + 1, 1
     )
     assert sessions.reap(session_of(sessions, "w1"), "w2", LAPSED)
     seen = eventually(lambda: store.owned_by("w1", 1), lambda found: len(found) == 1)

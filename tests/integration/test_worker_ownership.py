@@ -62,7 +62,7 @@ async def test_f1_a_lease_won_under_a_session_reaped_meanwhile_is_never_run(
         acquires = running.store.hold("acquire")
         control.start("c1", f"{feed_url}/c1", now_ms())
         await acquires.entered_async()
-        opens = running.sessions.hold("open")
+        opens = running.renewals.hold("open")
         reap_from_outside(ddb, table, running, 1)
         await opens.entered_async()  # the worker saw the reap: the next open waits
         acquires.release()

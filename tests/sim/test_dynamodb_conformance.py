@@ -975,10 +975,10 @@ def store_script(client: Any, table: str) -> list[Any]:
         cid: PageEntry(epoch=1, seq_gen=0, seq=n * 10, advanced_at_ms=T0)
         for n, cid in enumerate(ids)
     }
-    out.append(sessions.write_page("w1", 1, entries, T0 + 10))
-    out.append(sessions.write_page("w1", 1, entries, T0 + 9))
+    out.append(sessions.write_page("w1", 1, entries, T0 + 10, 2))
+    out.append(sessions.write_page("w1", 1, entries, T0 + 9, 1))
     out.append(sessions.read_page("w1", 1))
-    lapsed = T0 + STORE_TIMING.lease_ms + STORE_TIMING.skew_ms + 100
+    lapsed = T0 + STORE_TIMING.lease_ms + 100
     w1 = sessions.get_session("w1", 1)
     assert w1 is not None
     out.append(sessions.reap(w1, "w2", lapsed))

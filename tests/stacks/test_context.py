@@ -230,7 +230,7 @@ def _settings(context: dict[str, Any]) -> Any:
         ({"fleet:logRetentionDays": "8"}, "logRetentionDays"),
         ({"fleet:dev": "true"}, "prod cannot set dev"),
         ({"fleet:leaseSeconds": "0"}, "leaseSeconds"),
-        # heartbeat 0.24 s: three renews (0.72 s) do not fit in 1 - 0.25 - 0.1 s
+        # under the shortest lease a deployment may set (1.5 s)
         ({"fleet:leaseSeconds": "1"}, "leaseSeconds"),
         ({"fleet:leaseSeconds": "soon"}, "leaseSeconds"),
         ({"fleet:allowedUpstreamHosts": "[]"}, "allowedUpstreamHosts"),

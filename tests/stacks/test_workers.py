@@ -94,19 +94,19 @@ def test_worker_environment_uses_the_worker_names_and_never_sets_worker_id(
 
 
 def test_worker_timing_is_the_session_design_default(synth: Synthesized) -> None:
-    """lease 2.5 s, heartbeat = reconcile = 0.6 s, skew 0.25 s, checkpoint 5 s: the
+    """lease 2.5 s, heartbeat = reconcile = 0.6 s, margin 0.5 s, checkpoint 5 s: the
     worker's own defaults, none of them overridden in the task definition."""
     env = _environment(synth)
     for name in (
         worker_env.HEARTBEAT_SECONDS,
         worker_env.RECONCILE_SECONDS,
-        worker_env.MAX_SKEW_SECONDS,
         worker_env.CHECKPOINT_SECONDS,
     ):
         assert name not in env, name
     timing = _worker_config(synth).timing
     assert timing == LeaseTiming.from_lease()
-    assert (timing.lease, timing.skew, timing.checkpoint) == (LEASE, 0.25, 5.0)
+    assert (timing.lease, timing.margin, timing.checkpoint) == (LEASE, 0.5, 5.0)
+    assert "MAX_SKEW_SECONDS" not in env
     assert timing.heartbeat == pytest.approx(0.6)
     assert timing.reconcile == pytest.approx(0.6)
 

@@ -22,7 +22,7 @@ from wsfleet.lease_store import LeaseStore
 from wsfleet.session_store import SessionStore
 from wsfleet.timing import LeaseTiming
 
-SCALED_TIMING = LeaseTiming.from_lease(2.0, heartbeat=0.5, reconcile=0.5, skew=0.2)
+SCALED_TIMING = LeaseTiming.from_lease(2.0, heartbeat=0.5, reconcile=0.5)
 """The scaled timings of the tests and outside checks."""
 
 
@@ -120,6 +120,8 @@ class InProcessWorker:
     worker: Worker
     store: Gated
     sessions: Gated
+    renewals: Gated
+    """The session renew's own store, which also opens the sessions."""
     handler: Any
     task: asyncio.Task[None]
     stop: asyncio.Event
@@ -142,6 +144,7 @@ async def in_process_worker(
     """Run a worker until the block ends (then shut it down gracefully)."""
     lease_store = store(LeaseStore(ddb, table, timing))
     sessions = Gated(SessionStore(ddb, table, timing))
+    renewals = Gated(SessionStore(ddb, table, timing))
     handler = handler or Recorder()
     worker = Worker(
         WorkerConfig(
@@ -156,7 +159,7 @@ async def in_process_worker(
         WorkerDeps(
             store=lease_store,  # type: ignore[arg-type]
             sessions=sessions,  # type: ignore[arg-type]
-            renewals=SessionStore(ddb, table, timing),
+            renewals=renewals,  # type: ignore[arg-type]
             sqs=sqs,
             handler=handler,
             protocol=load_protocol("json-seq"),
@@ -164,12 +167,13 @@ async def in_process_worker(
     )
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop), name=f"worker:{worker_id}")
-    running = InProcessWorker(worker, lease_store, sessions, handler, task, stop)
+    running = InProcessWorker(worker, lease_store, sessions, renewals, handler, task, stop)
     try:
         yield running
     finally:
         lease_store.release_all()
         sessions.release_all()
+        renewals.release_all()
         stop.set()
         await asyncio.wait_for(task, scaled(60.0))
 

@@ -165,7 +165,7 @@ def _session(worker: str, **fields: Any) -> SessionItem:
     ("listed", "due"),
     [
         ([_session("other")], True),
-        ([_session("other", expires_at_ms=1_000)], False),  # lapsed, not reaped yet
+        ([_session("other", session_gen=2)], False),  # unrenewed for a lease, not reaped yet
         ([_session("other", state=schema.DEAD, reaped_at_ms=900, reaped_by="x")], False),
         ([_session("other", state=schema.DEAD, reaped_at_ms=900, reaped_by="other")], True),
         ([_session("giver", session_gen=0, state=schema.DEAD, reaped_by="x")], False),
@@ -175,7 +175,7 @@ def test_no_round_starts_while_a_crashed_session_is_listed(listed, due):
     balancer = balancer_of(Owner(), Sessions([]))
     balancer._settings = BalanceSettings(round_seconds=5.0)
     assert not balancer._due(0.0)  # the first round waits one interval
-    balancer.observe(listed)
+    balancer.observe(listed, overdue=frozenset({("other", 2)}))
     assert balancer._due(5.0) is due
     balancer.observe([_session("other")])  # the dead session is forgotten
     assert balancer._due(5.0) is not due  # at once if held back, else the next interval

@@ -81,8 +81,9 @@ def test_a_page_packs_a_full_worker_small():
 
 
 def test_page_item_shape():
-    item = page_item("worker-a", 7, ENTRIES, WRITTEN)
-    assert set(item) == {"Pk", "Sk", "written_at_ms", "entries"}
+    item = page_item("worker-a", 7, ENTRIES, WRITTEN, 12)
+    assert set(item) == {"Pk", "Sk", "written_at_ms", "page_no", "entries"}
+    assert item["page_no"] == {"N": "12"}
     assert item["Pk"] == {"S": "PAGE#worker-a#7"}
     assert item["Sk"] == {"S": "PAGE"}
     assert item["written_at_ms"] == {"N": str(WRITTEN)}
@@ -97,26 +98,28 @@ def test_a_page_reads_back_from_its_item(as_type):
 
 
 def test_page_put_condition_exactly():
-    assert page_put_condition(WRITTEN) == {
-        "ConditionExpression": "attribute_not_exists(#written) OR #written < :written",
-        "ExpressionAttributeNames": {"#written": "written_at_ms"},
-        "ExpressionAttributeValues": {":written": {"N": str(WRITTEN)}},
+    assert page_put_condition(12) == {
+        "ConditionExpression": "attribute_not_exists(#no) OR #no < :no",
+        "ExpressionAttributeNames": {"#no": "page_no"},
+        "ExpressionAttributeValues": {":no": {"N": "12"}},
     }
 
 
 @pytest.mark.parametrize(
-    ("stored", "replaced"),
+    ("stored", "written_at", "replaced"),
     [
-        (None, True),  # the first page of the session
-        (WRITTEN - 5_000, True),
-        (WRITTEN - 1, True),
-        (WRITTEN, False),  # the same write again: nothing to do
-        (WRITTEN + 1, False),  # a late write of an older page
+        (None, WRITTEN, True),  # the first page of the session
+        (7, WRITTEN, True),
+        (11, WRITTEN, True),
+        (12, WRITTEN, False),  # the same write again: nothing to do
+        (13, WRITTEN, False),  # a late write of an older page
+        (11, WRITTEN + 3_600_000, True),  # the wall times decide nothing
+        (13, WRITTEN - 3_600_000, False),
     ],
 )
-def test_a_page_never_replaces_a_newer_one(stored, replaced):
-    condition = page_put_condition(WRITTEN)
-    item = None if stored is None else page_item("worker-a", 7, {}, stored)
+def test_a_page_never_replaces_a_newer_one(stored, written_at, replaced):
+    condition = page_put_condition(12)
+    item = None if stored is None else page_item("worker-a", 7, {}, written_at, stored)
     assert (
         holds(
             condition["ConditionExpression"],

@@ -17,7 +17,7 @@ def test_defaults():
     assert config.upstream_connects_per_second == 100
     assert config.timing.heartbeat == pytest.approx(0.6)
     assert config.timing.reconcile == pytest.approx(0.6)
-    assert config.timing.skew == 0.25
+    assert config.timing.margin == 0.5
     assert config.timing.checkpoint == 5
     assert config.max_connections == 500
     assert config.reassign_on_release is True
@@ -60,7 +60,7 @@ def test_overrides():
     assert config.upstream_fail_after == 2.5
     assert config.worker_id == "w-1"
     assert (config.timing.lease, config.timing.heartbeat) == (2, 0.4)
-    assert (config.timing.reconcile, config.timing.skew) == (0.5, 0.1)
+    assert config.timing.reconcile == 0.5
     assert config.timing.checkpoint == 7.5
     assert config.max_connections == 3
     assert config.reassign_on_release is False
@@ -78,6 +78,7 @@ def test_overrides():
         ({"TABLE_NAME": "t"}, "QUEUE_URL is required"),
         (BASE | {"LEASE_SECONDS": "abc"}, "LEASE_SECONDS must be a number"),
         (BASE | {"LEASE_SECONDS": "-2"}, "LEASE_SECONDS must be > 0"),
+        (BASE | {"LEASE_SECONDS": "1"}, "lease must be >= 1.5 s, got 1.0"),
         (BASE | {"HEARTBEAT_SECONDS": "9"}, "3 renew attempts"),
         (BASE | {"CHECKPOINT_SECONDS": "often"}, "CHECKPOINT_SECONDS must be a number"),
         (BASE | {"CHECKPOINT_SECONDS": "0"}, "checkpoint must be > 0 s"),
@@ -162,7 +163,7 @@ def test_settings_names_every_variable_the_config_reads():
 
     names = {name for name, value in vars(config).items() if value == name}
     assert names == config.SETTINGS
-    assert len(config.SETTINGS) == 29
+    assert len(config.SETTINGS) == 28
     source = Path(config.__file__).read_text()
     read = re.findall(r"\(env, ([A-Z_]+)|env\.get\(([A-Z_]+)", source)
     assert read
@@ -199,3 +200,16 @@ def test_config_imports_only_the_standard_library_and_wsfleet():
     } | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     outside = {m for m in modules if m.split(".")[0] not in sys.stdlib_module_names | {"wsfleet"}}
     assert outside == set()
+
+
+def test_a_setting_no_longer_read_is_ignored_with_a_reason():
+    """MAX_SKEW_SECONDS decided the reap by wall clock; expiry is now observed on each
+    worker's own monotonic clock. An environment that still sets it starts as before,
+    and the worker says why it is ignored."""
+    from worker.config import ignored_settings
+
+    env = {"TABLE_NAME": "t", "QUEUE_URL": "q", "MAX_SKEW_SECONDS": "0.2"}
+    assert WorkerConfig.from_env(env).timing.fence_after == pytest.approx(2.0)
+    (line,) = ignored_settings(env)
+    assert line.startswith("MAX_SKEW_SECONDS is set but no longer a setting (ignored)")
+    assert ignored_settings({"TABLE_NAME": "t"}) == []

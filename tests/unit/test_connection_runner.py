@@ -47,7 +47,7 @@ from wsfleet.timing import LeaseTiming
 
 pytestmark = pytest.mark.timeout(30)
 
-TIMING = LeaseTiming.from_lease(1.0, heartbeat=0.25, skew=0.05)
+TIMING = LeaseTiming.from_lease(1.0, heartbeat=0.25)
 """Margin 0.1: the fence falls 0.85 s after a renew was sent."""
 EPOCH = 4
 SEQ_GEN = 2

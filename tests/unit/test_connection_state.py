@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from worker.connection_state import Call, ConnectionState, Ending, Failure, Frame, Watch
 from wsfleet.timing import LeaseTiming
 
-# lease 2.5: heartbeat 0.6, skew 0.25, margin 0.25 -> fence after 2.0 s; drain budget 2.0 s
+# lease 2.5: heartbeat 0.6, margin 0.5 -> fence after 2.0 s; drain budget 2.0 s
 TIMING = LeaseTiming.from_lease()
 T0 = 1000.0  # loop time the last session renew was sent
 DEADLINE = T0 + 2.0

@@ -20,6 +20,7 @@ from worker.reconciler import Reconciler
 from wsfleet import schema, session_rules
 from wsfleet.item import ConnectionItem, to_attribute
 from wsfleet.session_rules import SessionItem
+from wsfleet.session_watch import WAKE_MARGIN
 from wsfleet.timing import LeaseTiming
 
 pytestmark = pytest.mark.timeout(10)
@@ -33,22 +34,39 @@ MAX = 500
 @dataclass
 class Table:
     now_ms: int = T0
+    """Every worker's wall clock (recorded in the items, decides nothing)."""
+    now: float = 0.0
+    """Every worker's monotonic clock, on which the sessions are observed."""
     sessions: dict[tuple[str, int], Item] = field(default_factory=dict)
     owners: dict[str, tuple[str, int]] = field(default_factory=dict)
+    silent: set[tuple[str, int]] = field(default_factory=set)
+    """Sessions whose worker no longer renews."""
     refused: int = 0
 
-    def add_session(self, worker: str, gen: int, *, connections: int, expires_at_ms: int) -> None:
+    def add_session(self, worker: str, gen: int, *, connections: int) -> None:
         self.sessions[(worker, gen)] = {
             k: to_attribute(v)
             for k, v in {
                 **schema.session_key(worker, gen),
                 "state": schema.ALIVE,
-                "expires_at_ms": expires_at_ms,
+                "expires_at_ms": self.now_ms + TIMING.lease_ms,
                 "started_at_ms": 0,
                 "connections": connections,
                 "capacity": MAX,
+                "beat": 0,
+                "proto": schema.SESSION_PROTOCOL_NOW,
             }.items()
         }
+
+    def renew(self) -> None:
+        """Every live session that still renews has renewed since the last listing."""
+        for key, raw in self.sessions.items():
+            if key not in self.silent and raw["state"] == {"S": schema.ALIVE}:
+                raw["beat"] = to_attribute(int(raw["beat"]["N"]) + 1)
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self.now_ms += round(seconds * 1000)
 
     def session(self, key: tuple[str, int]) -> SessionItem:
         return SessionItem.from_dynamodb(self.sessions[key])
@@ -78,7 +96,8 @@ class Sessions:
         """As SessionStore.reap: the rule's conditional write on the stored item."""
         key = session.key
         after = attempt(
-            session_rules.reap_update(reaper, now_ms, TIMING, *plan), self._table.sessions[key]
+            session_rules.reap_update(reaper, now_ms, session.beat, *plan),
+            self._table.sessions[key],
         )
         if after is None:
             return False
@@ -141,10 +160,11 @@ def worker(table: Table, worker_id: str, used: int) -> tuple[Reconciler, Owner]:
         sessions=cast(Any, Sessions(table)),
         owner=cast(Any, owner),
         capacity=capacity,
-        balancer=cast(Any, SimpleNamespace(enabled=False, observe=lambda sessions: None)),
+        balancer=cast(Any, SimpleNamespace(enabled=False, observe=lambda *args: None)),
         metrics=cast(Any, SimpleNamespace(count=lambda *args: None)),
         wall_ms=lambda: table.now_ms,
         rng=random.Random(1),
+        clock=lambda: table.now,
     )
     return reconciler, owner
 
@@ -152,20 +172,34 @@ def worker(table: Table, worker_id: str, used: int) -> tuple[Reconciler, Owner]:
 def fleet(
     dead_holds: int, loads: dict[str, int]
 ) -> tuple[Table, dict[str, tuple[Reconciler, Owner]]]:
-    """A lapsed session holding ``dead_holds`` STARTED connections, and live workers at
-    ``loads`` of MAX (published and real)."""
+    """A session holding ``dead_holds`` STARTED connections, and live workers at
+    ``loads`` of MAX (published and real), which have all watched the session not
+    renew for ``expire_after``: it has just lapsed."""
     table = Table()
-    table.add_session(*DEAD, connections=dead_holds, expires_at_ms=T0 - 1_000)
+    table.add_session(*DEAD, connections=dead_holds)
+    table.silent.add(DEAD)
     for n in range(dead_holds):
         table.owners[f"c{n:04}"] = DEAD
     workers = {}
     for name, load in loads.items():
-        table.add_session(name, 1, connections=load, expires_at_ms=T0 + 2_000)
+        table.add_session(name, 1, connections=load)
         workers[name] = worker(table, name, load)
+    watch(table, workers)
     return table, workers
 
 
+def watch(table: Table, workers: dict[str, tuple[Reconciler, Owner]]) -> None:
+    """Every worker lists the sessions now, then watches them for ``expire_after``."""
+    listed = Sessions(table).list_sessions()
+    for reconciler, _ in workers.values():
+        reconciler.watch.observe(listed, table.now)
+    table.advance(TIMING.expire_after)
+
+
 def sweep(workers: dict[str, tuple[Reconciler, Owner]], name: str) -> list[str]:
+    """One pass of ``name``'s session sweep, the live sessions renewed since the last."""
+    table = cast(Sessions, workers[name][0]._sessions)._table
+    table.renew()
     taken, _ = asyncio.run(workers[name][0].sweep_sessions())
     return taken
 
@@ -179,9 +213,9 @@ def test_the_excess_beyond_the_reapers_room_is_taken_at_once_by_the_others_witho
     reaper = sweep(workers, "a")
     assert table.session(DEAD).state == schema.DEAD
     assert len(reaper) == 117
-    table.now_ms = T0 + 100
+    table.advance(0.1)
     b = sweep(workers, "b")
-    table.now_ms = T0 + 200
+    table.advance(0.1)
     c = sweep(workers, "c")
     assert b, "b took nothing of the excess in its pass right after the reap"
     assert c, "c took nothing of the excess in its pass right after the reap"
@@ -204,7 +238,7 @@ def test_a_worker_that_loses_the_reap_follows_the_winners_plan_in_the_same_pass(
         reaper="a",
         room=150,
         sessions=sessions.list_sessions(),
-        now_ms=T0,
+        overdue=frozenset({DEAD}),
     )
     refused = sessions.reap
 
@@ -219,16 +253,16 @@ def test_a_worker_that_loses_the_reap_follows_the_winners_plan_in_the_same_pass(
     assert table.refused == 0
 
 
-def test_a_planned_taker_that_died_leaves_its_part_to_the_others_at_once():
-    """a reaps and plans 117, 117 and 116 for itself, b and c; c dies before taking its
-    part. b takes its own part and, at once, what rendezvous hashing gives it of c's;
-    the rest of c's would be a's, but a has filled up meanwhile, and once its renew
-    says so, b takes that too."""
+def test_a_planned_taker_that_died_leaves_its_part_to_the_others():
+    """a reaps and plans 117, 117 and 116 for itself, b and c; c dies right after.
+    b takes its own part at once; once b has seen c go unrenewed for a lease, it takes
+    what rendezvous hashing gives it of c's part; the rest of c's would be a's, but a
+    has filled up meanwhile, and once its renew says so, b takes that too."""
     table, workers = fleet(350, {"a": 250, "b": 250, "c": 250})
     reaper = sweep(workers, "a")
     assert len(reaper) == 117
-    table.sessions[("c", 1)] |= {"expires_at_ms": to_attribute(T0 + 50)}  # c died
-    table.now_ms = T0 + 100
+    table.silent.add(("c", 1))  # c died
+    table.advance(0.1)
     b = sweep(workers, "b")
     plan = table.session(DEAD).takers
     assert plan is not None
@@ -237,14 +271,17 @@ def test_a_planned_taker_that_died_leaves_its_part_to_the_others_at_once():
         for w in "abc"
     }
     assert [len(planned[w]) for w in "abc"] == [117, 117, 116]
+    assert sorted(b) == planned["b"]  # c not seen unrenewed for a lease yet
+    table.advance(TIMING.lease + 0.01)
+    b += sweep(workers, "b")
     assert set(planned["b"]) < set(b) < set(planned["b"]) | set(planned["c"])
     a_slots = workers["a"][0]._capacity
     while a_slots.try_reserve():
         pass  # a fills up with new starts
-    table.now_ms = T0 + 150
+    table.advance(0.05)
     assert sweep(workers, "a") == []  # no free slot
     table.sessions[("a", 1)] |= {"connections": to_attribute(MAX)}  # its next renew
-    table.now_ms = T0 + 700
+    table.advance(0.55)
     b += sweep(workers, "b")
     assert sorted(b) == sorted(planned["b"] + planned["c"])
     assert not table.owned_by(*DEAD)
@@ -252,18 +289,22 @@ def test_a_planned_taker_that_died_leaves_its_part_to_the_others_at_once():
 
 
 def test_a_reap_that_recorded_no_plan_keeps_the_others_waiting_a_heartbeat():
-    """A reap by an older worker (no plan in the item): the others wait the grace,
-    then take only the excess beyond the reaper's published room, from the back."""
+    """A reap without a plan in the item: the others wait until they have seen it DEAD
+    for the grace (on their own clock: the reap's wall time decides nothing), then
+    take only the excess beyond the reaper's published room, from the back."""
     table, workers = fleet(350, {"a": 350, "b": 350})
     old = table.session(DEAD)
-    raw = attempt(session_rules.reap_update("old", T0, TIMING), table.sessions[DEAD])
+    raw = attempt(session_rules.reap_update("old", T0, old.beat), table.sessions[DEAD])
     assert raw is not None
     table.sessions[DEAD] = raw
-    table.add_session("old", 1, connections=350, expires_at_ms=T0 + 2_000)
+    table.add_session("old", 1, connections=350)
     assert table.session(DEAD) == replace(old, state=schema.DEAD, reaped_at_ms=T0, reaped_by="old")
-    table.now_ms = T0 + 100
+    table.now_ms += 3_600_000  # b's wall clock an hour ahead: nothing changes
+    table.advance(0.1)
+    assert sweep(workers, "b") == []  # first seen DEAD now
+    table.advance(TIMING.heartbeat - 0.01)
     assert sweep(workers, "b") == []
-    table.now_ms = T0 + round(TIMING.heartbeat * 1000)
+    table.advance(0.02)
     b = sweep(workers, "b")
     assert sorted(b) == [f"c{n:04}" for n in range(200, 350)]  # 150 of the 200 beyond its room
 
@@ -273,22 +314,26 @@ def test_a_pass_comes_as_soon_as_a_listed_session_may_be_reaped():
     the reap may pass, not at its interval: the reaper and the takers of the other
     parts all go within a few milliseconds of the lapse."""
     table = Table()
-    table.add_session(*DEAD, connections=10, expires_at_ms=T0 + 400)  # last renewed
+    table.add_session(*DEAD, connections=10)
     for n in range(10):
         table.owners[f"c{n:04}"] = DEAD
-    table.add_session("a", 1, connections=0, expires_at_ms=T0 + 2_500)
+    table.add_session("a", 1, connections=0)
     reconciler, _ = worker(table, "a", 0)
+    workers = {"a": (reconciler, None)}
     assert reconciler.next_pass_in(0.6) == 0.6  # nothing listed yet
-    asyncio.run(reconciler.sweep_sessions())
-    wake = 400 + TIMING.skew_ms + session_rules.REAP_WAKE_MARGIN_MS
-    assert reconciler.next_pass_in(0.72) == pytest.approx(wake / 1000)
-    assert reconciler.next_pass_in(0.5) == 0.5  # the interval comes first
-    table.now_ms = T0 + wake
-    taken, _ = asyncio.run(reconciler.sweep_sessions())
+    sweep(workers, "a")  # its last renew seen now
+    table.silent.add(DEAD)
+    table.advance(TIMING.expire_after - 0.4)
+    sweep(workers, "a")
+    wake = 0.4 + WAKE_MARGIN
+    assert reconciler.next_pass_in(0.72) == pytest.approx(wake)
+    assert reconciler.next_pass_in(0.3) == 0.3  # the interval comes first
+    table.advance(wake)
+    taken = sweep(workers, "a")
     assert table.session(DEAD).state == schema.DEAD
     assert len(taken) == 10
     # The dead session is no longer ALIVE: the interval again.
-    asyncio.run(reconciler.sweep_sessions())
+    sweep(workers, "a")
     assert reconciler.next_pass_in(0.6) == 0.6
 
 
@@ -311,3 +356,22 @@ def test_connections_handed_to_a_session_that_died_before_taking_them_are_hinted
     table.now_ms = T0 + 700
     asyncio.run(reconciler.sweep_sessions())
     assert owner.hinted == ["m1", "m2"]
+
+
+def test_a_live_session_of_another_protocol_is_never_reaped():
+    """A protocol-1 session (no beat, no protocol) renews by its writer's wall clock:
+    its beat never changes, so a protocol-2 worker would reap it while it runs. It is
+    left alone, and counted once."""
+    table, workers = fleet(3, {"a": 0})
+    for attribute in ("beat", "proto"):
+        del table.sessions[DEAD][attribute]
+    counted: list[str] = []
+    reconciler, owner = workers["a"]
+    reconciler._metrics = SimpleNamespace(count=lambda name, value=1: counted.append(name))
+    reconciler.watch.observe(Sessions(table).list_sessions(), table.now)
+    table.advance(10 * TIMING.expire_after)
+    assert sweep(workers, "a") == []
+    assert sweep(workers, "a") == []
+    assert table.session(DEAD).alive
+    assert owner.taken == []
+    assert counted == ["ForeignSessions"]

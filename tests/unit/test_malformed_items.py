@@ -17,9 +17,10 @@ from tests.support.stores import with_attributes
 from tests.unit.expressions import attempt
 from wsfleet import lease_rules, schema, session_rules
 from wsfleet.checkpoint_page import decode_entries
-from wsfleet.item import ConnectionItem, from_attributes
+from wsfleet.item import ConnectionItem, MalformedItemError, from_attributes
 from wsfleet.protocol_specs import InvalidProtocolError, spec_from_item
 from wsfleet.session_rules import SessionItem
+from wsfleet.session_watch import SessionWatch
 from wsfleet.timing import LeaseTiming
 
 TIMING = LeaseTiming.from_lease(2.5)
@@ -136,18 +137,38 @@ def session(**attributes: Any) -> dict[str, Any]:
 
 
 def test_a_session_without_a_state_is_reaped_once_it_lapsed() -> None:
-    raw = session(state=None)
+    raw = session(state=None, beat={"N": "7"})
     item = SessionItem.from_dynamodb(raw)
-    later = NOW + TIMING.skew_ms + 1
-    assert not session_rules.is_lapsed(item, NOW, TIMING)
-    assert session_rules.is_lapsed(item, later, TIMING)
-    reap = session_rules.reap_update("w2", later, TIMING, state_absent=item.state is None)
+    watch = SessionWatch(TIMING)
+    watch.observe([item], 100.0)
+    assert not watch.lapsed(item, 100.0 + TIMING.expire_after - 0.001)
+    assert watch.lapsed(item, 100.0 + TIMING.expire_after + 1e-9)
+    reap = session_rules.reap_update("w2", NOW, item.beat, state_absent=item.state is None)
     after = attempt(reap, raw)
     assert after is not None
     assert from_attributes(after)["state"] == schema.DEAD
-    # A renew never brings it back, and a reap never passes on a renewed ALIVE one.
-    assert attempt(session_rules.renew_update(later, TIMING, connections=0), raw) is None
-    assert attempt(reap, session(expires_at_ms={"N": str(later)})) is None
+    # A renew never brings it back, and a reap never passes on a renewed one.
+    assert attempt(session_rules.renew_update(NOW, TIMING, connections=0), raw) is None
+    assert attempt(reap, session(state=None, beat={"N": "8"})) is None
+
+
+def test_a_session_without_a_beat_is_reaped_as_such() -> None:
+    """An item that lost its beat (a hand edit) is watched like any other: unchanged
+    for the lease, it is reaped on condition that it still has none."""
+    raw = session()
+    item = SessionItem.from_dynamodb(raw)
+    assert item.beat is None
+    watch = SessionWatch(TIMING)
+    watch.observe([item], 0.0)
+    assert watch.lapsed(item, TIMING.expire_after)
+    reap = session_rules.reap_update("w2", NOW, item.beat)
+    assert attempt(reap, raw) is not None
+    assert attempt(reap, session(beat={"N": "1"})) is None  # renewed meanwhile
+
+
+def test_a_session_whose_beat_is_not_a_number_is_malformed() -> None:
+    with pytest.raises(MalformedItemError, match="beat"):
+        SessionItem.from_dynamodb(session(beat={"S": "x"}))
 
 
 # --- what the router shows ---------------------------------------------------------------
@@ -167,10 +188,10 @@ def test_the_view_of_a_malformed_item_shows_its_problem_as_its_error() -> None:
 def test_a_session_without_a_state_is_not_swept_before_it_is_reaped() -> None:
     """Its owner may still be handling until its fence deadline: only DEAD is swept."""
     stateless = SessionItem("w1", 2, None, NOW, reaped_at_ms=NOW, reaped_by="w2")
-    assert not session_rules.may_sweep(stateless, "w2", NOW + 10_000, 0)
+    assert not session_rules.may_sweep(stateless, "w2", 10.0, 0.0)
     assert session_rules.may_sweep(
         SessionItem("w1", 2, schema.DEAD, NOW, reaped_at_ms=NOW, reaped_by="w2"),
         "w2",
-        NOW,
-        0,
+        0.0,
+        0.0,
     )

@@ -84,7 +84,7 @@ def test_a_session_whose_sweep_fails_does_not_stop_the_others() -> None:
             sessions=cast(Any, Sessions([dead("broken"), dead("fine")])),
             owner=cast(Any, owner),
             capacity=Capacity(10),
-            balancer=cast(Any, SimpleNamespace(enabled=False, observe=lambda sessions: None)),
+            balancer=cast(Any, SimpleNamespace(enabled=False, observe=lambda *args: None)),
             metrics=cast(Any, Metrics()),
             wall_ms=lambda: NOW,
             rng=random.Random(1),

@@ -68,13 +68,14 @@ def test_an_older_renew_landing_after_a_newer_one_never_moves_the_deadline_back(
     assert plan.in_flight == []
 
 
-def test_a_superseded_renew_changes_nothing_but_frees_its_place():
+def test_a_renew_landing_after_a_later_one_changes_nothing_but_frees_its_place():
     plan = opened()
     plan.sent(H)
-    plan.superseded(H)
+    plan.sent(2 * H)
+    assert plan.landed(2 * H, 2 * H + 0.1)
+    assert not plan.landed(H, 2 * H + 0.2)  # lands, but its window ends sooner
     assert plan.in_flight == []
-    assert plan.deadline == F
-    assert plan.next_at == 2 * H
+    assert plan.deadline == 2 * H + F
 
 
 def test_an_error_brings_the_next_renew_forward_to_a_quarter_heartbeat():
@@ -101,7 +102,7 @@ def test_no_more_than_the_cap_are_awaited_at_once():
         plan.sent(n * 0.1)
     assert plan.step(plan.next_at) is Step.WAIT
     assert plan.wake_at() == plan.give_up_at
-    plan.superseded(0.1)
+    plan.failed(0.1, plan.next_at)
     assert plan.step(plan.next_at) is Step.SEND
 
 

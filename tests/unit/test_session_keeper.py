@@ -19,7 +19,7 @@ from wsfleet.session_store import SessionRenewed
 from wsfleet.timing import LeaseTiming
 
 #: Short, so the tests are quick: heartbeat 0.1 s, fence window 0.85 s.
-TIMING = LeaseTiming(lease=1.0, heartbeat=0.1, reconcile=0.1, skew=0.05, margin=0.1)
+TIMING = LeaseTiming(lease=1.0, heartbeat=0.1, reconcile=0.1, margin=0.1)
 WAIT_S = 10.0
 """How long a test waits for anything (a bound, never a pause)."""
 

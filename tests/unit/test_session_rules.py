@@ -1,11 +1,14 @@
-"""The session protocol as tables: opening, renewing (with the notices acted on),
-reaping at the skew boundary, retiring, notices, sweeping and forgetting a dead
-session. Writes are checked exactly and run against items by tests/unit/expressions.py.
-"""
+"""The session protocol as tables: opening, renewing (a beat, with the notices acted
+on), reaping on condition of the beat the reaper saw unchanged, retiring, notices,
+sweeping and forgetting a dead session. Writes are checked exactly and run against
+items by tests/unit/expressions.py. When a session lapses is
+tests/unit/test_session_watch.py's."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
@@ -18,23 +21,23 @@ from wsfleet import schema, session_rules
 from wsfleet.item import MalformedItemError, to_attribute
 from wsfleet.lease_rules import fence_deadline
 from wsfleet.session_rules import (
+    REAPER_FALLBACK_LEASES,
     RenewRefusal,
     SessionItem,
+    can_take,
     forget_condition,
-    is_lapsed,
     may_forget,
     may_sweep,
     new_session_item,
-    next_reap_ms,
     notice_connection_id,
     notice_token,
     notice_update,
     offer_update,
+    open_taker,
     planned_share,
     planned_taker,
-    reap_cutoff_ms,
     reap_update,
-    reaper_fallback_ms,
+    reaper_fallback_due,
     reaper_of,
     reaper_room,
     renew_failure,
@@ -45,15 +48,18 @@ from wsfleet.session_rules import (
     takeover_plan,
     takeover_share,
 )
-from wsfleet.timing import LeaseTiming
+from wsfleet.session_watch import SessionWatch
+from wsfleet.timing import DRIFT_RATE, LeaseTiming
 from wsfleet.version import VERSION
 
-TIMING = LeaseTiming.from_lease()  # lease 2500 ms, skew 250 ms, margin 250 ms
+TIMING = LeaseTiming.from_lease()  # lease 2.5 s (2500 ms), margin 0.5 s: fence after 2.0 s
 ME = "worker-a"  # crc32 % 4 == 0: partition SESSIONS#0
 GEN = 7
 REAPER = "worker-b"
 NOW = 1_000_000
-GRACE = 1_000
+BEAT = 5
+GRACE = 1.0
+NOBODY_OVERDUE: frozenset[tuple[str, int]] = frozenset()
 
 
 def N(n: int) -> dict[str, str]:  # noqa: N802 - the attribute type's own letter
@@ -76,6 +82,7 @@ def session_raw(worker: str = ME, gen: int = GEN, **fields: Any) -> Item:
         "started_at_ms": NOW - 60_000,
         "connections": 3,
         "capacity": 500,
+        "beat": BEAT,
     }
     return {k: to_attribute(v) for k, v in (base | fields).items() if v is not None}
 
@@ -99,7 +106,10 @@ def test_new_session_item_exactly():
         "connections": N(0),
         "capacity": N(500),
         "version": S(VERSION),
+        "beat": N(0),
+        "proto": N(2),
     }
+    assert schema.SESSION_PROTOCOL_NOW == 2
 
 
 def test_a_new_session_reads_back_as_alive_and_empty():
@@ -116,6 +126,8 @@ def test_a_new_session_reads_back_as_alive_and_empty():
         connections=0,
         capacity=12,
         version=VERSION,
+        beat=0,
+        protocol=2,
     )
     assert opened.alive
     assert opened.key == (ME, GEN)
@@ -126,14 +138,20 @@ def test_a_new_session_reads_back_as_alive_and_empty():
 
 def test_renew_update_exactly():
     update = renew_update(NOW, TIMING, connections=3)
-    assert update.update_expression == "SET #expires = :expires, #conns = :conns"
-    assert update.condition_expression == "#state = :alive AND NOT #expires > :expires"
+    assert update.update_expression == "SET #expires = :expires, #conns = :conns ADD #beat :one"
+    assert update.condition_expression == "#state = :alive"
     assert update.names == {
         "#state": "state",
         "#expires": "expires_at_ms",
         "#conns": "connections",
+        "#beat": "beat",
     }
-    assert update.values == {":alive": S("ALIVE"), ":expires": N(NOW + 2500), ":conns": N(3)}
+    assert update.values == {
+        ":alive": S("ALIVE"),
+        ":expires": N(NOW + 2500),
+        ":conns": N(3),
+        ":one": N(1),
+    }
 
 
 @pytest.mark.parametrize(
@@ -147,19 +165,21 @@ def test_renew_update_exactly():
 def test_the_notices_acted_on_are_removed_in_the_renew(acted):
     update = renew_update(NOW, TIMING, connections=0, acted_on=iter(acted))
     assert update.update_expression == (
-        "SET #expires = :expires, #conns = :conns DELETE #notices :acted"
+        "SET #expires = :expires, #conns = :conns ADD #beat :one DELETE #notices :acted"
     )
-    assert update.condition_expression == "#state = :alive AND NOT #expires > :expires"
+    assert update.condition_expression == "#state = :alive"
     assert update.names == {
         "#state": "state",
         "#expires": "expires_at_ms",
         "#conns": "connections",
+        "#beat": "beat",
         "#notices": "notices",
     }
     assert update.values == {
         ":alive": S("ALIVE"),
         ":expires": N(NOW + 2500),
         ":conns": N(0),
+        ":one": N(1),
         ":acted": {"SS": ["c1 start 4", "c2 stop 5"]},
     }
 
@@ -169,12 +189,14 @@ def test_a_renew_publishes_the_capacity_when_given(capacity):
     """Capacity 0 is a draining worker: it must be written, not left out."""
     update = renew_update(NOW, TIMING, connections=3, acted_on=["c1 stop 4"], capacity=capacity)
     assert update.update_expression == (
-        "SET #expires = :expires, #conns = :conns, #cap = :cap DELETE #notices :acted"
+        "SET #expires = :expires, #conns = :conns, #cap = :cap ADD #beat :one"
+        " DELETE #notices :acted"
     )
     assert update.names == {
         "#state": "state",
         "#expires": "expires_at_ms",
         "#conns": "connections",
+        "#beat": "beat",
         "#cap": "capacity",
         "#notices": "notices",
     }
@@ -182,9 +204,13 @@ def test_a_renew_publishes_the_capacity_when_given(capacity):
         ":alive": S("ALIVE"),
         ":expires": N(NOW + 2500),
         ":conns": N(3),
+        ":one": N(1),
         ":cap": N(capacity),
         ":acted": {"SS": ["c1 stop 4"]},
     }
+    renewed = attempt(update, session_raw(capacity=500, notices={"c1 stop 4"}))
+    assert renewed is not None
+    assert SessionItem.from_dynamodb(renewed).capacity == capacity
 
 
 def test_no_notice_acted_on_deletes_nothing():
@@ -195,22 +221,45 @@ def test_no_notice_acted_on_deletes_nothing():
 
 
 @pytest.mark.parametrize(
-    ("fields", "passes"),
+    ("fields", "beat"),
     [
-        ({"expires_at_ms": NOW + 2500 - 600}, True),  # the renew of a heartbeat ago
-        ({"expires_at_ms": NOW + 2499}, True),
-        ({"expires_at_ms": NOW + 2500}, True),  # a retry of this very renew
-        ({"expires_at_ms": NOW + 2501}, False),  # a later renew landed first
-        ({"expires_at_ms": NOW - 5000}, True),  # lapsed but not reaped: still ours
-        ({"state": schema.DEAD, "expires_at_ms": NOW}, False),  # reaped: never again
-        ({"state": schema.DEAD, "expires_at_ms": NOW + 5000}, False),
+        ({"expires_at_ms": NOW + 2500 - 600}, BEAT + 1),  # the renew of a heartbeat ago
+        ({"expires_at_ms": NOW + 2500}, BEAT + 1),  # a retry of this very renew: counted too
+        # A later renew landed first: this late one passes all the same (and moves the
+        # expiry back: a figure for people, never decided on).
+        ({"expires_at_ms": NOW + 2501}, BEAT + 1),
+        ({"expires_at_ms": NOW + 60_000}, BEAT + 1),
+        ({"expires_at_ms": NOW - 5000}, BEAT + 1),  # lapsed but not reaped: still ours
+        ({"expires_at_ms": None}, BEAT + 1),  # no expiry: nothing refuses it
+        ({"beat": 0}, 1),  # the first renew of a new session
+        ({"beat": None}, 1),  # an item without a beat gets one
+        ({"state": schema.DEAD, "expires_at_ms": NOW}, None),  # reaped: never again
+        ({"state": schema.DEAD, "expires_at_ms": NOW + 5000}, None),
+        ({"state": None}, None),  # no state: reaped as lapsed, never renewed
     ],
 )
-def test_a_renew_passes_while_alive_and_never_moves_the_expiry_back(fields, passes):
+def test_a_renew_passes_while_alive_and_always_adds_one_to_the_beat(fields, beat):
     new = attempt(renew_update(NOW, TIMING, connections=4), session_raw(**fields))
-    assert (new is not None) is passes
+    assert (new is not None) is (beat is not None)
     if new is not None:
-        assert new == session_raw(**(fields | {"expires_at_ms": NOW + 2500, "connections": 4}))
+        assert new == session_raw(
+            **(fields | {"expires_at_ms": NOW + 2500, "connections": 4, "beat": beat})
+        )
+
+
+def test_renews_landing_in_any_order_each_change_the_beat():
+    """Three renews sent a heartbeat apart land in reverse order: each one still
+    changes the beat, so each fails a reap whose reaper had not seen it."""
+    item: Item | None = session_raw(beat=BEAT)
+    beats = []
+    for sent_ms in (NOW + 1200, NOW + 600, NOW):
+        assert item is not None
+        reap = reap_update(REAPER, NOW + 5000, SessionItem.from_dynamodb(item).beat)
+        item = attempt(renew_update(sent_ms, TIMING, connections=1), item)
+        assert item is not None
+        beats.append(SessionItem.from_dynamodb(item).beat)
+        assert attempt(reap, item) is None  # the reaper saw the beat before this renew
+    assert beats == [BEAT + 1, BEAT + 2, BEAT + 3]
 
 
 def test_a_renew_of_a_forgotten_session_fails():
@@ -237,107 +286,161 @@ def test_removing_acted_notices_keeps_every_other_one(notices, acted, left):
 
 
 @pytest.mark.parametrize(
-    ("old", "refusal", "keeps"),
+    "old",
     [
-        (None, RenewRefusal.REAPED, False),  # forgotten
-        (session(state=schema.DEAD), RenewRefusal.REAPED, False),
-        (session(state=schema.DEAD, expires_at_ms=NOW + 10_000), RenewRefusal.REAPED, False),
-        (session(state=None), RenewRefusal.REAPED, False),  # no state reads as DEAD
-        (session(state=schema.ALIVE), RenewRefusal.SUPERSEDED, True),
+        None,  # forgotten
+        session(state=schema.DEAD),
+        session(state=schema.DEAD, expires_at_ms=NOW + 10_000),
+        session(state=None),  # no state reads as DEAD
+        session(state=schema.ALIVE),  # read back too late: it was refused, so reaped
     ],
 )
-def test_what_a_refused_renew_means(old, refusal, keeps):
-    assert renew_failure(old) is refusal
-    assert refusal.keeps_session is keeps
+def test_a_refused_renew_always_means_reaped(old):
+    """The renew requires nothing but ALIVE: a late renew is no longer refused as
+    superseded, so a refusal means the session is lost, whatever is read back."""
+    assert renew_failure(old) is RenewRefusal.REAPED
+
+
+def test_reaped_is_the_only_refusal():
+    assert list(RenewRefusal) == [RenewRefusal.REAPED]
 
 
 # --- reaping -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("timing", "cutoff"),
+    ("beat", "fields", "reaped"),
     [
-        (TIMING, NOW - 250),
-        (LeaseTiming.from_lease(2, heartbeat=0.5, reconcile=0.5, skew=0.2), NOW - 200),
-        (LeaseTiming.from_lease(20, skew=0), NOW),
+        (BEAT, {}, True),  # the beat the reaper saw unchanged: reaped
+        (BEAT, {"expires_at_ms": NOW + 60_000}, True),  # the wall-clock expiry is no part
+        (BEAT, {"expires_at_ms": None}, True),
+        (BEAT, {"beat": BEAT + 1}, False),  # renewed since the reaper saw it
+        (BEAT, {"beat": BEAT - 1}, False),  # not the beat it saw either
+        (BEAT, {"beat": None}, False),
+        (BEAT, {"state": schema.DEAD}, False),  # reaped already
+        (BEAT, {"state": None}, False),  # a reap of an ALIVE session needs ALIVE
+        (None, {"beat": None}, True),  # an item without a beat, seen so
+        (None, {}, False),  # ... that has one now
+        (0, {"beat": 0}, True),  # never renewed (its worker died right after the open)
     ],
 )
-def test_the_reap_cutoff_is_now_minus_skew(timing, cutoff):
-    assert reap_cutoff_ms(NOW, timing) == cutoff
+def test_a_reap_passes_only_on_the_beat_the_reaper_saw(beat, fields, reaped):
+    new = attempt(reap_update(REAPER, NOW, beat), session_raw(**fields))
+    assert (new is not None) is reaped
+    if new is not None:
+        assert new == session_raw(
+            **(fields | {"state": schema.DEAD, "reaped_at_ms": NOW, "reaped_by": REAPER})
+        )
 
 
 @pytest.mark.parametrize(
-    ("fields", "lapsed"),
+    ("beat", "fields", "reaped"),
     [
-        ({"expires_at_ms": NOW + 1}, False),
-        ({"expires_at_ms": NOW}, False),  # expired, but within the skew
-        ({"expires_at_ms": NOW - 250}, False),  # exactly now - skew: NOT lapsed
-        ({"expires_at_ms": NOW - 251}, True),  # one ms earlier
-        ({"expires_at_ms": 0}, True),
-        ({"expires_at_ms": NOW - 251, "state": schema.DEAD}, False),  # reaped already
+        (BEAT, {"state": None}, True),
+        (None, {"state": None, "beat": None}, True),
+        (BEAT, {"state": None, "beat": BEAT + 1}, False),
+        (BEAT, {}, False),  # ALIVE: not the item that was listed without a state
+        (BEAT, {"state": schema.DEAD}, False),
     ],
 )
-def test_a_session_lapses_one_ms_past_its_expiry_plus_the_skew(fields, lapsed):
-    assert is_lapsed(session(**fields), NOW, TIMING) is lapsed
-    # The reap's own condition draws the same line.
-    assert (attempt(reap_update(REAPER, NOW, TIMING), session_raw(**fields)) is not None) is lapsed
+def test_a_session_listed_without_a_state_is_reaped_as_such(beat, fields, reaped):
+    update = reap_update(REAPER, NOW, beat, state_absent=True)
+    assert (attempt(update, session_raw(**fields)) is not None) is reaped
 
 
 def test_reap_update_exactly():
-    update = reap_update(REAPER, NOW, TIMING)
+    update = reap_update(REAPER, NOW, BEAT)
     assert update.update_expression == "SET #state = :dead, #reapedat = :now, #reapedby = :me"
-    assert update.condition_expression == "#state = :alive AND #expires < :cutoff"
+    assert update.condition_expression == "#state = :alive AND #beat = :beat"
     assert update.names == {
         "#state": "state",
         "#reapedat": "reaped_at_ms",
         "#reapedby": "reaped_by",
-        "#expires": "expires_at_ms",
+        "#beat": "beat",
     }
     assert update.values == {
         ":dead": S("DEAD"),
         ":alive": S("ALIVE"),
         ":now": N(NOW),
         ":me": S(REAPER),
-        ":cutoff": N(NOW - 250),
+        ":beat": N(BEAT),
     }
-    assert reap_update(REAPER, NOW, TIMING, ()) == update  # an empty plan is no plan
+    assert reap_update(REAPER, NOW, BEAT, ()) == update  # an empty plan is no plan
+
+
+def test_reap_update_of_an_item_without_a_beat_or_a_state_exactly():
+    update = reap_update(REAPER, NOW, None)
+    assert update.condition_expression == "#state = :alive AND attribute_not_exists(#beat)"
+    assert ":beat" not in update.values
+    assert update.names["#beat"] == "beat"
+    stateless = reap_update(REAPER, NOW, BEAT, state_absent=True)
+    assert stateless.condition_expression == "attribute_not_exists(#state) AND #beat = :beat"
+    assert stateless.values == {
+        ":dead": S("DEAD"),
+        ":now": N(NOW),
+        ":me": S(REAPER),
+        ":beat": N(BEAT),
+    }
+    neither = reap_update(REAPER, NOW, None, state_absent=True)
+    assert neither.condition_expression == (
+        "attribute_not_exists(#state) AND attribute_not_exists(#beat)"
+    )
 
 
 def test_a_reap_records_its_plan_in_the_same_write():
     plan = (("worker-b", "c149"), ("worker-c", None))
-    update = reap_update(REAPER, NOW, TIMING, plan)
+    update = reap_update(REAPER, NOW, BEAT, plan)
     assert update.update_expression == (
         "SET #state = :dead, #reapedat = :now, #reapedby = :me, #takers = :takers"
     )
-    assert update.condition_expression == "#state = :alive AND #expires < :cutoff"
+    assert update.condition_expression == "#state = :alive AND #beat = :beat"
     assert update.names["#takers"] == "takers"
     assert update.values[":takers"] == {
         "L": [{"L": [S("worker-b"), S("c149")]}, {"L": [S("worker-c"), {"NULL": True}]}]
     }
-    lapsed = session_raw(expires_at_ms=NOW - 1_000)
-    reaped = attempt(update, lapsed)
+    reaped = attempt(update, session_raw())
     assert reaped is not None
     dead = SessionItem.from_dynamodb(reaped)
-    assert (dead.state, dead.reaped_by, dead.takers) == (schema.DEAD, REAPER, plan)
-    # The same line as a reap without one: not within the skew, never twice.
-    assert attempt(update, session_raw(expires_at_ms=NOW - 250)) is None
-    assert attempt(reap_update("worker-c", NOW, TIMING, plan), reaped) is None
+    assert (dead.state, dead.reaped_by, dead.takers, dead.beat) == (
+        schema.DEAD,
+        REAPER,
+        plan,
+        BEAT,
+    )
+    # The same condition as a reap without one: not once renewed since, never twice.
+    assert attempt(update, session_raw(beat=BEAT + 1)) is None
+    assert attempt(reap_update("worker-c", NOW, BEAT, plan), reaped) is None
 
 
 def test_a_reaped_session_is_dead_for_good():
-    lapsed = session_raw(expires_at_ms=NOW - 1_000)
-    reaped = attempt(reap_update(REAPER, NOW, TIMING), lapsed)
-    assert reaped == lapsed | {
+    listed = session_raw()
+    reaped = attempt(reap_update(REAPER, NOW, BEAT), listed)
+    assert reaped == listed | {
         "state": S("DEAD"),
         "reaped_at_ms": N(NOW),
         "reaped_by": S(REAPER),
     }
     dead = SessionItem.from_dynamodb(reaped)
     assert (dead.alive, dead.reaped_at_ms, dead.reaped_by) == (False, NOW, REAPER)
-    # Its owner's late renew fails, and says so; nobody reaps it twice.
+    # Its owner's late renew fails, and says so; nobody reaps it twice, on any beat.
     assert attempt(renew_update(NOW, TIMING, connections=3), reaped) is None
     assert renew_failure(dead) is RenewRefusal.REAPED
-    assert attempt(reap_update("worker-c", NOW + 5_000, TIMING), reaped) is None
+    for beat in (BEAT, BEAT + 1, None):
+        assert attempt(reap_update("worker-c", NOW + 5_000, beat), reaped) is None
+
+
+def test_a_renew_and_a_reap_race_and_exactly_one_lands():
+    """The reaper saw beat 5 unchanged; the holder's renew is in flight. Whichever
+    lands first wins: the other's condition fails."""
+    listed = session_raw()
+    renew = renew_update(NOW, TIMING, connections=3)
+    reap = reap_update(REAPER, NOW, BEAT)
+    renewed = attempt(renew, listed)
+    assert renewed is not None
+    assert attempt(reap, renewed) is None  # the renew first: the reap fails
+    reaped = attempt(reap, listed)
+    assert reaped is not None
+    assert attempt(renew, reaped) is None  # the reap first: the renew fails
 
 
 def test_retire_update_exactly():
@@ -373,22 +476,34 @@ def test_a_worker_retires_its_own_live_session(fields, retired):
         assert (new["reaped_at_ms"], new["reaped_by"]) == (N(NOW), S(ME))
 
 
-def test_the_fence_deadline_falls_before_any_reap():
-    """With clocks within the skew of each other, no worker can reap a session (and
-    so take its connections) before the owner's fence deadline of the same renew, and
-    the margin is left on top."""
-    renew_sent_ms = NOW
-    expires = renew_sent_ms + TIMING.lease_ms
-    fence_ms = fence_deadline(renew_sent_ms / 1000, TIMING) * 1000
-    renewed = session(expires_at_ms=expires)
-    for offset_ms in range(-TIMING.skew_ms, TIMING.skew_ms + 1, 50):
-        # earliest reap, on the owner's clock: the reaper's clock reads owner + offset
-        first = next(
-            t
-            for t in range(expires - 1_000, expires + 1_000)
-            if is_lapsed(renewed, t + offset_ms, TIMING)
-        )
-        assert first - fence_ms > TIMING.margin * 1000, offset_ms
+@pytest.mark.parametrize("holder_rate", [1 - DRIFT_RATE, 1.0, 1 + DRIFT_RATE])
+@pytest.mark.parametrize("reaper_rate", [1 - DRIFT_RATE, 1.0, 1 + DRIFT_RATE])
+@pytest.mark.parametrize("seen_after", [0.0, 0.3, 1.0])
+def test_the_fence_deadline_falls_before_any_reap(holder_rate, reaper_rate, seen_after):
+    """With clocks whose rates are within the drift, no worker can reap a session (and
+    so take its connections) before the owner's fence deadline of the same renew: the
+    renew is seen after its send, and the reaper then waits ``expire_after`` on its own
+    clock; each clock reads ``rate x real time + offset``, offsets far apart. (The
+    property for any times and rates is tests/unit/test_session_watch.py's.)"""
+    holder_offset, reaper_offset = 700_000.0, -300_000.0
+    sent = 10.0  # real time of the renew's send; it lands and is listed at once
+    deadline = fence_deadline(holder_rate * sent + holder_offset, TIMING)
+    fenced_at = (deadline - holder_offset) / holder_rate  # in real time
+    renewed = session(beat=BEAT + 1)
+    watch = SessionWatch(TIMING)
+    watch.observe([session(beat=BEAT)], reaper_rate * (sent - 5) + reaper_offset)
+    watch.observe([renewed], reaper_rate * (sent + seen_after) + reaper_offset)
+    first = min(
+        real / 1000
+        for real in range(10_000, 20_000)
+        if watch.lapsed(renewed, reaper_rate * real / 1000 + reaper_offset)
+    )
+    assert first > fenced_at
+    # ``expire_after`` on the reaper's clock after the renew was seen (to the ms of
+    # the search), and between the deadline and the reap, the margin less the slow
+    # holder's drift over a lease, and the time the renew took to be seen.
+    assert first == pytest.approx(sent + seen_after + TIMING.expire_after / reaper_rate, abs=1e-3)
+    assert first - fenced_at > seen_after + TIMING.margin - DRIFT_RATE * TIMING.lease
 
 
 # --- notices -------------------------------------------------------------------------------
@@ -448,77 +563,62 @@ REAPED_AT = NOW - 500
 PLAN = [[REAPER, "c1"], ["w-c", None]]
 
 
+DEAD_BY_REAPER = {"state": schema.DEAD, "reaped_by": REAPER, "reaped_at_ms": REAPED_AT}
+
+
 @pytest.mark.parametrize(
-    ("fields", "me", "now", "sweeps"),
+    ("fields", "me", "dead_for", "sweeps"),
     [
-        ({}, REAPER, NOW, False),  # alive: nothing to sweep
-        ({"reaped_by": REAPER, "reaped_at_ms": REAPED_AT}, REAPER, NOW, False),  # alive still
-        ({"state": schema.DEAD}, REAPER, NOW, False),  # no reap time: not swept
-        ({"state": schema.DEAD, "reaped_by": REAPER}, REAPER, NOW, False),
+        ({}, REAPER, 100.0, False),  # alive: nothing to sweep
+        ({"reaped_by": REAPER, "reaped_at_ms": REAPED_AT}, REAPER, 100.0, False),  # alive still
+        ({"state": schema.DEAD}, REAPER, 100.0, False),  # no reap time: not swept
+        ({"state": schema.DEAD, "reaped_by": REAPER}, REAPER, 100.0, False),
+        ({"state": None, "reaped_at_ms": REAPED_AT}, REAPER, 100.0, False),  # reaped first
         # the reaper goes at once
-        (
-            {"state": schema.DEAD, "reaped_by": REAPER, "reaped_at_ms": REAPED_AT},
-            REAPER,
-            REAPED_AT,
-            True,
-        ),
-        # the others only after the grace
-        (
-            {"state": schema.DEAD, "reaped_by": REAPER, "reaped_at_ms": REAPED_AT},
-            "w-c",
-            REAPED_AT,
-            False,
-        ),
-        (
-            {"state": schema.DEAD, "reaped_by": REAPER, "reaped_at_ms": REAPED_AT},
-            "w-c",
-            REAPED_AT + GRACE - 1,
-            False,
-        ),
-        (
-            {"state": schema.DEAD, "reaped_by": REAPER, "reaped_at_ms": REAPED_AT},
-            "w-c",
-            REAPED_AT + GRACE,
-            True,
-        ),
+        (DEAD_BY_REAPER, REAPER, 0.0, True),
+        # the others only once they have seen it DEAD for the grace, on their own clock
+        (DEAD_BY_REAPER, "w-c", 0.0, False),
+        (DEAD_BY_REAPER, "w-c", GRACE - 0.001, False),
+        (DEAD_BY_REAPER, "w-c", GRACE, True),
+        (DEAD_BY_REAPER, "w-c", 100.0, True),
         # retired by its own worker (given up): nobody is its reaper, everyone goes at once
-        (
-            {"state": schema.DEAD, "reaped_by": ME, "reaped_at_ms": REAPED_AT},
-            REAPER,
-            REAPED_AT,
-            True,
-        ),
-        ({"state": schema.DEAD, "reaped_by": ME, "reaped_at_ms": REAPED_AT}, ME, REAPED_AT, True),
-        ({"state": schema.DEAD, "reaped_at_ms": REAPED_AT}, REAPER, REAPED_AT + GRACE, True),
-        ({"state": schema.DEAD, "reaped_at_ms": 0}, REAPER, 0, False),  # 0 is a reap time
+        ({"state": schema.DEAD, "reaped_by": ME, "reaped_at_ms": REAPED_AT}, REAPER, 0.0, True),
+        ({"state": schema.DEAD, "reaped_by": ME, "reaped_at_ms": REAPED_AT}, ME, 0.0, True),
+        ({"state": schema.DEAD, "reaped_at_ms": REAPED_AT}, REAPER, 0.0, False),
+        ({"state": schema.DEAD, "reaped_at_ms": REAPED_AT}, REAPER, GRACE, True),
+        ({"state": schema.DEAD, "reaped_at_ms": 0}, REAPER, GRACE, True),  # 0 is a reap time
         # a reap that recorded who takes what: everyone at once
-        (
-            {"state": schema.DEAD, "reaped_by": REAPER, "reaped_at_ms": REAPED_AT, "takers": PLAN},
-            "w-c",
-            REAPED_AT,
-            True,
-        ),
-        ({"state": schema.DEAD, "reaped_at_ms": REAPED_AT, "takers": PLAN}, ME, REAPED_AT, True),
-        ({"reaped_by": REAPER, "reaped_at_ms": REAPED_AT, "takers": PLAN}, "w-c", NOW, False),
-        ({"state": schema.DEAD, "takers": PLAN}, "w-c", NOW, False),  # no reap time
+        (DEAD_BY_REAPER | {"takers": PLAN}, "w-c", 0.0, True),
+        ({"state": schema.DEAD, "reaped_at_ms": REAPED_AT, "takers": PLAN}, ME, 0.0, True),
+        ({"reaped_by": REAPER, "reaped_at_ms": REAPED_AT, "takers": PLAN}, "w-c", 100.0, False),
+        ({"state": schema.DEAD, "takers": PLAN}, "w-c", 100.0, False),  # no reap time
     ],
 )
-def test_who_sweeps_a_dead_session_and_when(fields, me, now, sweeps):
-    assert may_sweep(session(**fields), me, now, GRACE) is sweeps
+def test_who_sweeps_a_dead_session_and_when(fields, me, dead_for, sweeps):
+    assert may_sweep(session(**fields), me, dead_for, GRACE) is sweeps
+
+
+def test_the_wall_clock_reap_time_does_not_decide_when_the_others_sweep():
+    """A reap time far in this worker's future or past (the reaper's wall clock is
+    off) changes nothing: only how long this worker has seen it DEAD counts."""
+    for reaped_at in (0, NOW - 3_600_000, NOW + 3_600_000):
+        dead = session(state=schema.DEAD, reaped_by=REAPER, reaped_at_ms=reaped_at)
+        assert not may_sweep(dead, "w-c", 0.0, GRACE)
+        assert may_sweep(dead, "w-c", GRACE, GRACE)
 
 
 @pytest.mark.parametrize(
-    ("last_seen", "forget"),
+    ("unseen_for", "forget"),
     [
-        (NOW, False),
-        (NOW - 2499, False),
-        (NOW - 2500, True),  # a full lease with nothing seen under it
-        (NOW - 2501, True),
-        (NOW + 10, False),
+        (0.0, False),
+        (2.499, False),
+        (2.5, True),  # a full lease with nothing seen under it
+        (2.501, True),
+        (3600.0, True),
     ],
 )
-def test_a_dead_session_is_forgotten_after_a_full_lease_of_nothing(last_seen, forget):
-    assert may_forget(last_seen, NOW, TIMING) is forget
+def test_a_dead_session_is_forgotten_after_a_full_lease_of_nothing(unseen_for, forget):
+    assert may_forget(unseen_for, TIMING) is forget
 
 
 def test_forget_condition_exactly():
@@ -539,7 +639,7 @@ def test_forget_condition_exactly():
         (NOW - 3_000, 3_000),
         (NOW - 1, 1),
         (NOW, 0),
-        (NOW + 10, 0),  # within the skew: clamped, never negative
+        (NOW + 10, 0),  # the writer's wall clock ahead of this one: clamped, never negative
     ],
 )
 def test_takeover_latency_from_the_dead_sessions_expiry(expires, latency):
@@ -561,6 +661,9 @@ def test_a_session_item_reads_every_attribute():
         connections=17,
         capacity=250,
         takers=[["worker-b", "c7"], ["worker-c", None]],
+        version="1.2.3",
+        beat=41,
+        proto=2,
     )
     assert SessionItem.from_dynamodb(raw) == SessionItem(
         worker_id=ME,
@@ -574,6 +677,9 @@ def test_a_session_item_reads_every_attribute():
         connections=17,
         capacity=250,
         takers=(("worker-b", "c7"), ("worker-c", None)),
+        version="1.2.3",
+        beat=41,
+        protocol=2,
     )
 
 
@@ -585,11 +691,44 @@ def test_a_plan_that_cannot_be_read_is_no_plan(takers):
     assert SessionItem.from_dynamodb(session_raw(takers=takers)).takers is None
 
 
-def test_a_session_item_with_only_its_key_is_malformed_never_alive():
-    """The key alone (a torn or foreign item) must never look alive: without an expiry
-    nothing says when it lapses, so it is left out of the listings."""
-    with pytest.raises(MalformedItemError, match="expires_at_ms"):
-        SessionItem.from_dynamodb({"Pk": S("SESSIONS#0"), "Sk": S("host-1#0")})
+def test_a_session_item_with_only_its_key_is_never_alive_and_is_reaped_as_such():
+    """The key alone (a torn or foreign item) must never look alive: it has no state,
+    so it takes nothing over; with no beat either, a watcher that sees it so for a
+    lease reaps it on exactly that (a missing expiry no longer matters)."""
+    raw = {"Pk": S("SESSIONS#0"), "Sk": S("host-1#0")}
+    bare = SessionItem.from_dynamodb(raw)
+    assert (bare.state, bare.beat, bare.protocol, bare.expires_at_ms) == (None, None, None, 0)
+    assert not bare.alive
+    assert bare.reapable
+    assert not can_take(bare, NOBODY_OVERDUE)
+    reaped = attempt(reap_update(REAPER, NOW, bare.beat, state_absent=True), raw)
+    assert reaped is not None
+    assert SessionItem.from_dynamodb(reaped).state == schema.DEAD
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"beat": "5"}, "beat is not"),
+        ({"beat": True}, "beat is not"),
+        ({"expires_at_ms": "soon"}, "expires_at_ms is not"),
+        ({"state": "ZOMBIE"}, "state is not"),
+    ],
+)
+def test_a_session_item_with_a_beat_of_the_wrong_type_is_malformed(fields, problem):
+    """A beat that is not a number could never be reaped on condition of it: the item
+    is left out of the listings (and reported), never reaped as if it had none."""
+    with pytest.raises(MalformedItemError, match=problem):
+        SessionItem.from_dynamodb(session_raw(**fields))
+
+
+@pytest.mark.parametrize(
+    ("raw", "protocol"),
+    [(2, 2), (1, 1), (None, None), ("2", None), (True, None), (Decimal("2.5"), None)],
+)
+def test_the_session_protocol_is_read_leniently(raw, protocol):
+    """Compared, never decided on: anything but an integer reads as absent."""
+    assert session(proto=raw).protocol == protocol
 
 
 def test_the_worker_id_is_everything_before_the_last_hash_of_the_sort_key():
@@ -649,6 +788,40 @@ def _live(worker: str, connections: int, capacity: int, state: str = schema.ALIV
 
 
 @pytest.mark.parametrize(
+    ("candidate", "overdue", "takes"),
+    [
+        (_live("x", 10, 500), NOBODY_OVERDUE, True),
+        (_live("x", 499, 500), NOBODY_OVERDUE, True),
+        (_live("x", 10, 500), {("x", 1)}, False),  # seen unrenewed for a lease
+        (_live("x", 10, 500), {("x", 2), ("y", 1)}, True),  # another generation overdue
+        (_live("x", 500, 500), NOBODY_OVERDUE, False),  # full as published
+        (_live("x", 600, 500), NOBODY_OVERDUE, False),
+        (_live("x", 0, 0), NOBODY_OVERDUE, False),  # draining
+        (_live("x", 0, 500, schema.DEAD), NOBODY_OVERDUE, False),
+        (replace(_live("x", 0, 500), state=None), NOBODY_OVERDUE, False),
+        # The wall-clock expiry is no part of it, whichever way the writer's clock is off.
+        (replace(_live("x", 10, 500), expires_at_ms=0), NOBODY_OVERDUE, True),
+        (replace(_live("x", 10, 500), expires_at_ms=NOW + 3_600_000), {("x", 1)}, False),
+    ],
+)
+def test_who_can_take_over_connections(candidate, overdue, takes):
+    assert can_take(candidate, overdue) is takes
+
+
+def test_the_open_taker_is_picked_among_those_not_overdue():
+    listing = [_live(w, 0, 500) for w in ("x", "y", "z")]
+    ids = [f"c{n}" for n in range(60)]
+    everyone = {cid: open_taker(cid, listing, NOBODY_OVERDUE) for cid in ids}
+    assert set(everyone.values()) == {"x", "y", "z"}  # spread by rendezvous
+    without_y = {cid: open_taker(cid, listing, {("y", 1)}) for cid in ids}
+    assert "y" not in without_y.values()
+    # Only what y had moves; every worker with the same listing picks the same one.
+    assert all(without_y[cid] == everyone[cid] for cid in ids if everyone[cid] != "y")
+    assert open_taker("c1", listing, {("x", 1), ("y", 1), ("z", 1)}) is None
+    assert open_taker("c1", [], NOBODY_OVERDUE) is None
+
+
+@pytest.mark.parametrize(
     ("sessions", "reaper", "room"),
     [
         ([_live("r", 200, 500), _live("x", 10, 500)], "r", 300),
@@ -681,14 +854,13 @@ def test_a_session_retired_by_its_own_worker_has_no_reaper_to_leave_anything_to(
 
 
 @pytest.mark.parametrize(
-    ("reaped_at", "fallback"),
-    [(NOW, NOW + 4 * TIMING.lease_ms), (None, 4 * TIMING.lease_ms)],
+    ("dead_for", "due"),
+    [(0.0, False), (9.999, False), (10.0, True), (10.001, True), (3600.0, True)],
 )
-def test_anyone_takes_anything_four_leases_after_the_reap(reaped_at, fallback):
-    dead = SessionItem(
-        worker_id="w", session_gen=1, state=schema.DEAD, expires_at_ms=0, reaped_at_ms=reaped_at
-    )
-    assert reaper_fallback_ms(dead, TIMING) == fallback
+def test_anyone_takes_anything_four_leases_after_the_reap(dead_for, due):
+    """Four leases of seeing it DEAD, on this worker's own clock (10 s at 2.5 s)."""
+    assert REAPER_FALLBACK_LEASES * TIMING.lease == 10.0
+    assert reaper_fallback_due(dead_for, TIMING) is due
 
 
 @pytest.mark.parametrize(
@@ -760,14 +932,14 @@ def _peers(*loads: tuple[str, int, int]) -> list[SessionItem]:
     return [_live(worker, connections, capacity) for worker, connections, capacity in loads]
 
 
-def _parts(plan, ids=DEAD_IDS):
+def _parts(plan: session_rules.Takers, ids: list[str] = DEAD_IDS) -> dict[str, list[str]]:
     parts: dict[str, list[str]] = {}
     for cid in ids:
         parts.setdefault(planned_taker(cid, plan), []).append(cid)
     return parts
 
 
-def _dead(plan, reaped_at=NOW) -> SessionItem:
+def _dead(plan: session_rules.Takers | None, reaped_at: int = NOW) -> SessionItem:
     return SessionItem(
         worker_id="dead",
         session_gen=1,
@@ -786,13 +958,22 @@ def test_after_a_reap_that_recorded_room_150_the_others_share_the_excess_at_once
     each brings its taker to its fair share (466.7 of 500). (The rules before: nothing
     for the others before a heartbeat, then the same list for both, from the back.)"""
     listing = _peers(("r", 350, 500), ("x", 350, 500), ("y", 350, 500))
-    plan = takeover_plan(DEAD_IDS, reaper="r", room=150, sessions=listing, now_ms=NOW)
+    plan = takeover_plan(DEAD_IDS, reaper="r", room=150, sessions=listing, overdue=NOBODY_OVERDUE)
     assert plan == (("r", "c116"), ("x", "c233"), ("y", None))
     dead = _dead(plan)
-    assert may_sweep(dead, "x", NOW, GRACE)
-    assert may_sweep(dead, "y", NOW, GRACE)
+    assert may_sweep(dead, "x", 0.0, GRACE)
+    assert may_sweep(dead, "y", 0.0, GRACE)
     shares = {
-        w: sweep_share(dead, DEAD_IDS, me=w, sessions=listing, free=150, now_ms=NOW, timing=TIMING)
+        w: sweep_share(
+            dead,
+            DEAD_IDS,
+            me=w,
+            sessions=listing,
+            free=150,
+            dead_for=0.0,
+            overdue=NOBODY_OVERDUE,
+            timing=TIMING,
+        )
         for w in ("r", "x", "y")
     }
     assert shares == {"r": DEAD_IDS[:117], "x": DEAD_IDS[117:234], "y": DEAD_IDS[234:]}
@@ -802,63 +983,87 @@ def test_after_a_reap_that_recorded_room_150_the_others_share_the_excess_at_once
     later = _peers(("r", 420, 500), ("x", 380, 500), ("y", 350, 500))
     left = DEAD_IDS[100:117] + DEAD_IDS[200:234] + DEAD_IDS[300:]
     again = {
-        w: sweep_share(dead, left, me=w, sessions=later, free=150, now_ms=NOW + 300, timing=TIMING)
+        w: sweep_share(
+            dead,
+            left,
+            me=w,
+            sessions=later,
+            free=150,
+            dead_for=0.3,
+            overdue=NOBODY_OVERDUE,
+            timing=TIMING,
+        )
         for w in ("r", "x", "y")
     }
     assert again == {"r": DEAD_IDS[100:117], "x": DEAD_IDS[200:234], "y": DEAD_IDS[300:]}
 
 
+_EXPIRED_BY_ITS_WALL_CLOCK = SessionItem(
+    worker_id="e", session_gen=1, state=schema.ALIVE, expires_at_ms=NOW - 60_000, capacity=500
+)
+
+
 @pytest.mark.parametrize(
-    ("room", "listing", "plan"),
+    ("room", "listing", "overdue", "plan"),
     [
         # Nobody else can take: the reaper's alone, whatever its room.
-        (350, _peers(("r", 150, 500), ("x", 500, 500)), (("r", None),)),
-        (500, [], (("r", None),)),
+        (350, _peers(("r", 150, 500), ("x", 500, 500)), NOBODY_OVERDUE, (("r", None),)),
+        (500, [], NOBODY_OVERDUE, (("r", None),)),
         # Towards the fair share after the takeover (483.3 each here), each part in
         # proportion to how far below it its taker is (134, 34 and 184), worker-id order.
         (
             150,
             _peers(("r", 350, 500), ("y", 300, 500), ("x", 450, 500)),
+            NOBODY_OVERDUE,
             (("r", "c132"), ("x", "c166"), ("y", None)),
         ),
         # A reaper above the share takes only what brings it there (325 each).
-        (200, _peers(("r", 300, 500), ("x", 0, 500)), (("r", "c024"), ("x", None))),
+        (
+            200,
+            _peers(("r", 300, 500), ("x", 0, 500)),
+            NOBODY_OVERDUE,
+            (("r", "c024"), ("x", None)),
+        ),
         # Never beyond a room; what nobody has room for stays in the last part.
         (
             100,
             _peers(("r", 400, 500), ("x", 450, 500), ("y", 480, 500)),
+            NOBODY_OVERDUE,
             (("r", "c099"), ("x", "c149"), ("y", None)),
         ),
         # The reaper counts its free slots now, not the load it published.
-        (0, _peers(("r", 100, 500), ("x", 0, 500)), (("x", None),)),
-        # Not takers: dead, expired, full, draining.
+        (0, _peers(("r", 100, 500), ("x", 0, 500)), NOBODY_OVERDUE, (("x", None),)),
+        # Not takers: dead, overdue (seen unrenewed for a lease), full, draining.
         (
             150,
             [
                 _live("r", 350, 500),
                 _live("d", 0, 500, schema.DEAD),
-                SessionItem(
-                    worker_id="e",
-                    session_gen=1,
-                    state=schema.ALIVE,
-                    expires_at_ms=NOW,
-                    capacity=500,
-                ),
+                _live("o", 0, 500),
                 _live("f", 500, 500),
                 _live("g", 10, 0),
                 _live("x", 400, 500),
             ],
+            {("o", 1)},
             (("r", "c149"), ("x", None)),
         ),
+        # Expired by its writer's wall clock but renewing as seen: a taker all the same.
+        (
+            150,
+            [_live("r", 350, 500), _EXPIRED_BY_ITS_WALL_CLOCK],
+            NOBODY_OVERDUE,
+            (("e", None),),
+        ),
+        (150, [_live("r", 350, 500), _EXPIRED_BY_ITS_WALL_CLOCK], {("e", 1)}, (("r", None),)),
     ],
 )
-def test_the_plan_of_a_reap(room, listing, plan):
-    assert takeover_plan(DEAD_IDS, reaper="r", room=room, sessions=listing, now_ms=NOW) == plan
+def test_the_plan_of_a_reap(room, listing, overdue, plan):
+    assert takeover_plan(DEAD_IDS, reaper="r", room=room, sessions=listing, overdue=overdue) == plan
 
 
 def test_a_plan_gives_every_id_exactly_one_taker_even_one_the_listing_missed():
     plan = takeover_plan(
-        DEAD_IDS, reaper="r", room=150, sessions=_peers(("x", 350, 500)), now_ms=NOW
+        DEAD_IDS, reaper="r", room=150, sessions=_peers(("x", 350, 500)), overdue=NOBODY_OVERDUE
     )
     assert plan == (("r", "c149"), ("x", None))
     assert planned_taker("a-missed", plan) == "r"  # below every id
@@ -867,7 +1072,9 @@ def test_a_plan_gives_every_id_exactly_one_taker_even_one_the_listing_missed():
     assert planned_taker("zzz", plan) == "x"
     assert planned_taker("c2", (("r", "c1"), ("x", "c5"))) == "x"
     assert planned_taker("c9", (("r", "c1"), ("x", "c5"))) == "x"  # a plan without an open end
-    assert takeover_plan([], reaper="r", room=0, sessions=[], now_ms=NOW) == (("r", None),)
+    assert takeover_plan([], reaper="r", room=0, sessions=[], overdue=NOBODY_OVERDUE) == (
+        ("r", None),
+    )
 
 
 @given(
@@ -880,7 +1087,7 @@ def test_a_plan_keeps_every_taker_within_its_room_and_its_fair_share(count, room
     listing = [_live("r", 500 - room, 500)] + [
         _live(f"w{n}", 500 - r, 500) for n, r in enumerate(rooms)
     ]
-    plan = takeover_plan(ids, reaper="r", room=room, sessions=listing, now_ms=NOW)
+    plan = takeover_plan(ids, reaper="r", room=room, sessions=listing, overdue=NOBODY_OVERDUE)
     parts = _parts(plan, ids)
     assert sum(len(p) for p in parts.values()) == count
     assert len({w for w, _ in plan}) == len(plan)
@@ -899,7 +1106,9 @@ def test_a_part_whose_taker_cannot_take_it_goes_to_one_other_by_rendezvous():
     plan = (("r", "c149"), ("x", "c249"), ("y", None))
     gone = [_live("r", 500, 500), _live("x", 350, 500), _live("y", 1, 5, schema.DEAD)]
     shares = {
-        w: planned_share(DEAD_IDS, me=w, takers=plan, sessions=gone, free=500, now_ms=NOW)
+        w: planned_share(
+            DEAD_IDS, me=w, takers=plan, sessions=gone, free=500, overdue=NOBODY_OVERDUE
+        )
         for w in ("r", "x", "y")
     }
     # r is full as published and y is gone: their parts go to x, the one left with room;
@@ -910,7 +1119,11 @@ def test_a_part_whose_taker_cannot_take_it_goes_to_one_other_by_rendezvous():
     # With two takers left, y's part is split between them, each id to exactly one.
     two = [_live("r", 200, 500), _live("x", 350, 500), _live("z", 0, 500)]
     split = {
-        w: set(planned_share(DEAD_IDS, me=w, takers=plan, sessions=two, free=500, now_ms=NOW))
+        w: set(
+            planned_share(
+                DEAD_IDS, me=w, takers=plan, sessions=two, free=500, overdue=NOBODY_OVERDUE
+            )
+        )
         for w in ("r", "x", "z")
     }
     assert split["r"] - set(DEAD_IDS[250:]) == set(DEAD_IDS[:150])
@@ -920,63 +1133,97 @@ def test_a_part_whose_taker_cannot_take_it_goes_to_one_other_by_rendezvous():
     assert all(split[w] & set(DEAD_IDS[250:]) for w in ("r", "x", "z"))
     # No more than there is room for, from the front of the share.
     assert (
-        planned_share(DEAD_IDS, me="x", takers=plan, sessions=gone, free=3, now_ms=NOW)
+        planned_share(DEAD_IDS, me="x", takers=plan, sessions=gone, free=3, overdue=NOBODY_OVERDUE)
         == (DEAD_IDS[:3])
     )
-    assert planned_share(DEAD_IDS, me="x", takers=plan, sessions=gone, free=0, now_ms=NOW) == []
+    assert (
+        planned_share(DEAD_IDS, me="x", takers=plan, sessions=gone, free=0, overdue=NOBODY_OVERDUE)
+        == []
+    )
+
+
+def test_the_part_of_a_taker_seen_overdue_goes_to_the_others_by_rendezvous():
+    """x is ALIVE as listed, with room, but this worker has seen it unrenewed for a
+    lease: its part is not left to it, and goes where :func:`open_taker` says."""
+    plan = (("r", "c149"), ("x", "c249"), ("y", None))
+    listing = [_live("r", 200, 500), _live("x", 0, 500), _live("y", 0, 500)]
+    overdue = {("x", 1)}
+    shares = {
+        w: planned_share(DEAD_IDS, me=w, takers=plan, sessions=listing, free=500, overdue=overdue)
+        for w in ("r", "y")
+    }
+    xs = DEAD_IDS[150:250]
+    assert set(shares["r"]) - set(xs) == set(DEAD_IDS[:150])
+    assert set(shares["y"]) - set(xs) == set(DEAD_IDS[250:])
+    assert set(shares["r"]) | set(shares["y"]) == set(DEAD_IDS)
+    assert not set(shares["r"]) & set(shares["y"])
+    for cid in xs:
+        taker = open_taker(cid, listing, overdue)
+        assert cid in shares[taker] if taker in shares else taker is None
+    # Not overdue, x keeps its part, and nobody else touches it.
+    kept = planned_share(
+        DEAD_IDS, me="y", takers=plan, sessions=listing, free=500, overdue=NOBODY_OVERDUE
+    )
+    assert kept == DEAD_IDS[250:]
+
+
+def _sweep(
+    dead: SessionItem,
+    me: str,
+    listing: list[SessionItem],
+    free: int,
+    dead_for: float,
+    ids: list[str] = DEAD_IDS,
+) -> list[str]:
+    return sweep_share(
+        dead,
+        ids,
+        me=me,
+        sessions=listing,
+        free=free,
+        dead_for=dead_for,
+        overdue=NOBODY_OVERDUE,
+        timing=TIMING,
+    )
 
 
 def test_four_leases_after_the_reap_anyone_takes_anything_even_with_a_plan():
     plan = (("r", "c149"), ("x", None))
     listing = _peers(("r", 350, 500), ("x", 350, 500))
-    fallback = NOW + 4 * TIMING.lease_ms
-    share = sweep_share(
-        _dead(plan), DEAD_IDS, me="y", sessions=listing, free=5, now_ms=fallback, timing=TIMING
+    fallback = REAPER_FALLBACK_LEASES * TIMING.lease
+    assert _sweep(_dead(plan), "y", listing, 5, fallback) == DEAD_IDS[::-1][:5]
+    assert _sweep(_dead(plan), "y", listing, 5, fallback - 0.001) == []
+    # Seen DEAD for four leases by this worker: whatever the reap's wall-clock time says.
+    assert (
+        _sweep(_dead(plan, reaped_at=NOW + 3_600_000), "y", listing, 5, fallback)
+        == (DEAD_IDS[::-1][:5])
     )
-    assert share == DEAD_IDS[::-1][:5]
-    before = sweep_share(
-        _dead(plan), DEAD_IDS, me="y", sessions=listing, free=5, now_ms=fallback - 1, timing=TIMING
-    )
-    assert before == []
+    assert _sweep(_dead(plan, reaped_at=0), "y", listing, 5, 0.0) == []
 
 
 def test_without_a_plan_the_rules_before_it_apply():
-    """A reap by an older worker during a rolling deploy records no plan: the reaper
+    """A reap that found nothing to plan (or a retire) records no plan: the reaper
     from the front, the others only the excess beyond its published room, from the
     back (and :func:`may_sweep` holds them back for the grace)."""
     listing = _peers(("r", 350, 500))
     old = _dead(None)
-    assert (
-        sweep_share(old, DEAD_IDS, me="r", sessions=listing, free=150, now_ms=NOW, timing=TIMING)
-        == (DEAD_IDS[:150])
-    )
-    assert (
-        sweep_share(old, DEAD_IDS, me="x", sessions=listing, free=500, now_ms=NOW, timing=TIMING)
-        == (DEAD_IDS[150:][::-1])
-    )
-    assert (
-        sweep_share(old, DEAD_IDS, me="x", sessions=[], free=3, now_ms=NOW, timing=TIMING)
-        == (DEAD_IDS[::-1][:3])
-    )
+    assert _sweep(old, "r", listing, 150, 0.0) == DEAD_IDS[:150]
+    assert _sweep(old, "x", listing, 500, 0.0) == DEAD_IDS[150:][::-1]
+    assert _sweep(old, "x", [], 3, 0.0) == DEAD_IDS[::-1][:3]
 
 
-def test_the_next_pass_comes_when_a_listed_session_lapses_if_not_renewed():
-    mine = ("me", 1)
-    listed = [
-        _live("healthy", 0, 500),  # expires NOW + 2000
-        SessionItem(worker_id="quiet", session_gen=1, state=schema.ALIVE, expires_at_ms=NOW + 300),
-        SessionItem(worker_id="me", session_gen=1, state=schema.ALIVE, expires_at_ms=NOW + 100),
-        SessionItem(worker_id="gone", session_gen=1, state=schema.DEAD, expires_at_ms=NOW + 50),
-        # lapsed already: this pass reaps it (or failed to): no instant in the past
-        SessionItem(worker_id="lapsed", session_gen=1, state=schema.ALIVE, expires_at_ms=NOW - 260),
-    ]
-    margin = session_rules.REAP_WAKE_MARGIN_MS
-    assert next_reap_ms(listed, mine, NOW, TIMING) == NOW + 300 + 250 + margin
-    # The instant itself is not after now: the next one counts.
-    assert next_reap_ms(listed, mine, NOW + 560, TIMING) == NOW + 2_000 + 250 + margin
-    assert next_reap_ms(listed[2:], mine, NOW, TIMING) is None
-    assert next_reap_ms([], mine, NOW, TIMING) is None
-    # Once lapsed by that instant, a reap at it passes.
-    quiet = listed[1]
-    assert is_lapsed(quiet, NOW + 300 + 250 + margin, TIMING)
-    assert not is_lapsed(quiet, NOW + 300 + 250, TIMING)
+@pytest.mark.parametrize(
+    ("state", "beat", "protocol", "is_foreign"),
+    [
+        (schema.ALIVE, None, None, True),  # a protocol-1 worker's live session
+        (schema.ALIVE, 4, None, False),  # a beat: ours, its protocol attribute lost
+        (schema.ALIVE, 4, 2, False),
+        (schema.ALIVE, 4, 3, True),  # a later protocol
+        (None, None, None, False),  # damaged (no state either): reaped once lapsed
+        (None, None, 1, True),
+        (schema.DEAD, None, None, False),  # no longer live: nothing to share
+    ],
+)
+def test_which_sessions_are_of_another_protocol(state, beat, protocol, is_foreign):
+    session = SessionItem("w", 1, state, 0, beat=beat, protocol=protocol)
+    assert session_rules.foreign([session]) == ([session] if is_foreign else [])

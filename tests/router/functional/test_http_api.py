@@ -405,7 +405,7 @@ def test_views_show_the_owners_session_and_its_pages_checkpoint(
         "paged": PageEntry(paged.epoch, paged.seq_gen, seq=57, advanced_at_ms=now - 40),
         "stale": PageEntry(stale.epoch, stale.seq_gen + 1, seq=99, advanced_at_ms=now - 40),
     }
-    assert sessions.write_page("w-views", 3, entries, now)
+    assert sessions.write_page("w-views", 3, entries, now, 1)
 
     got = {
         cid: request(api, "GET", f"/connections/{cid}").body for cid in ("paged", "stale", "free")
@@ -464,7 +464,7 @@ def test_a_scan_pages_past_sessions_and_pages_and_bad_tokens_are_400(
     sessions = SessionStore(ddb, table, TIMING)
     for n in range(8):
         assert sessions.open(f"w-{n}", 1, now_ms(), capacity=10)
-        assert sessions.write_page(f"w-{n}", 1, {}, now_ms())
+        assert sessions.write_page(f"w-{n}", 1, {}, now_ms(), 1)
     for limit in (1, 3):
         seen: list[str] = []
         token: str | None = None
