@@ -202,10 +202,13 @@ class SkewSeen:
         for session in sessions:
             key = (session.worker_id, session.session_gen)
             before = self._beats.get(key)
-            self._beats[key] = session.beat
-            if session.state != schema.ALIVE or session.beat is None or before is None:
+            # The renew's mark: its beat; the design before the beat (run from a
+            # worktree of an older commit, for comparison) had only the expiry.
+            mark = getattr(session, "beat", None) or session.expires_at_ms
+            self._beats[key] = mark
+            if session.state != schema.ALIVE or before is None:
                 continue
-            if session.beat != before:
+            if mark != before:
                 skew = (session.expires_at_ms - lease_ms - real_now_ms) / 1000
                 self.seen[session.worker_id].append(skew)
 
