@@ -105,9 +105,9 @@ def test_the_session_designs_calls_metered_against_dynamodb_local(
         router.start(cid, f"wss://stream.example.com/{cid}", now)
         assert isinstance(leases.acquire(cid, "w1", 1, now), Lease)
     entries = cm.page_entries(500)
-    assert sessions.write_page("w1", 1, entries, now + 10)
-    assert sessions.write_page("w1", 1, entries, now + 20)
-    assert not sessions.write_page("w1", 1, entries, now + 5)  # an older page: refused
+    assert sessions.write_page("w1", 1, entries, now + 10, 1)
+    assert sessions.write_page("w1", 1, entries, now + 20, 2)
+    assert not sessions.write_page("w1", 1, entries, now + 5, 1)  # an older page: refused
     assert len(sessions.list_sessions()) == 1
     owned = leases.owned_by("w1", 1)
     assert len(owned) == 6

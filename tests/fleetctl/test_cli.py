@@ -374,7 +374,7 @@ def test_get_list_and_watch_show_the_owners_session_and_page(
     lease = LeaseStore(ddb, table, timing).acquire("owned-1", "w-cli", 2, now)
     assert isinstance(lease, Lease), lease
     entry = PageEntry(lease.epoch, lease.seq_gen, seq=321, advanced_at_ms=now - 500)
-    assert sessions.write_page("w-cli", 2, {"owned-1": entry}, now)
+    assert sessions.write_page("w-cli", 2, {"owned-1": entry}, now, 1)
 
     code, out, _ = run("--api", router_api, "get", "owned-1")
     assert code == EXIT_OK
