@@ -105,7 +105,7 @@ class Monitor:
         self._checkpoint_bound = checkpoint_bound
         self._worker_faults: dict[str | None, list[tuple[float, float]]] = {}
         self._crashed_at: dict[str, float] = {}
-        self._excuses: list[tuple[float, float, str | None, str | None]] = []
+        self._excuses: list[tuple[float, float, str | None, frozenset[str]]] = []
         self._disturbances: list[tuple[float, float]] = []
         self._pauses: dict[str, list[tuple[float, float]]] = {}
         self.zombie_overlaps = 0
@@ -168,11 +168,11 @@ class Monitor:
         end: float,
         connection_id: str | None = None,
         *,
-        except_run_by: str | None = None,
+        but: frozenset[str] = frozenset(),
     ) -> None:
         """Darkness from ``start`` to ``end`` (of one connection, or of every one but
-        those last run by ``except_run_by``) is the fault's, not the fleet's."""
-        self._excuses.append((start, end, connection_id, except_run_by))
+        those named in ``but``) is the fault's, not the fleet's."""
+        self._excuses.append((start, end, connection_id, but))
 
     def crashed(self, worker: str, room: int = 0) -> None:
         """A dead process handles nothing: its calls in flight end with it. What it
@@ -354,13 +354,12 @@ class Monitor:
 
     def _check_dark(self, connection_id: str, since: float, until: float) -> None:
         healed = since
-        ran_by = self._connection(connection_id).last_worker
         for start, end, about, but in self._excuses:
             if (
                 start <= until
                 and end >= since
                 and about in (None, connection_id)
-                and (but is None or but != ran_by)
+                and connection_id not in but
             ):
                 healed = max(healed, end)
         if until - healed > self._dark_bound:

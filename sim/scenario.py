@@ -387,13 +387,16 @@ class Schedule:
             # One worker's slow DynamoDB excuses no darkness of the connections it
             # runs (docs/DESIGN.md §3.11), only of the others': unless the others have
             # no room for them, when a slow worker that loses its session (a pause
-            # during the brownout, say) may be slow to keep a new one.
+            # during the brownout, say) may be slow to keep a new one. What it holds
+            # but does not run (a stop whose release it could not write, started
+            # again) needs its DynamoDB to run again: excused too.
             fleet = self.fleet
             others = [p for p in fleet.alive() if p is not process]
             if len(others) * fleet.shape.max_connections < fleet.shape.connections:
                 self.fleet.monitor.excuse(now, now + seconds)
             else:
-                self.fleet.monitor.excuse(now, now + seconds, except_run_by=process.name)
+                running = frozenset(fleet.monitor.run_by(process.name))
+                self.fleet.monitor.excuse(now, now + seconds, but=running)
             return lambda: None
 
         self._window(at, f"brownout +{extra:.2f}s for {seconds:.1f}s", seconds, apply, None)

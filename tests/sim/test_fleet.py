@@ -21,7 +21,7 @@ def test_a_worker_counts_as_room_from_the_instant_it_starts() -> None:
         fleet.world.now += 5.0
         fleet.start_worker()
         assert fleet.short_since is None  # 24 slots: room again, from this instant
-        assert (1000.0, 1005.0, None, None) in fleet.monitor._excuses
+        assert (1000.0, 1005.0, None, frozenset()) in fleet.monitor._excuses
         first.terminate()  # not run yet: a SIGTERM reaches it all the same
         assert fleet.short_since == 1005.0
         assert first.stop.is_set()

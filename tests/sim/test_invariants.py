@@ -140,3 +140,18 @@ def test_a_connection_dark_until_its_stop_breaks_invariant_3() -> None:
     clock.now = 20.0  # dark for 20 s, bound 8
     m.stopped("c1")
     assert invariants(m) == [3]
+
+
+def test_an_excuse_but_some_connections_leaves_their_darkness_a_violation() -> None:
+    """A slow worker's DynamoDB excuses what it holds without running it, never what it
+    runs (docs/DESIGN.md §3.11)."""
+    clock = Clock(100.0)
+    m = monitor(clock)
+    for cid in ("c1", "c2"):
+        m.started(cid)
+        m.call_started("w1", cid, 1, "s0", 1, 1)
+        m.call_ended("w1", cid, returned=True)
+    m.excuse(101.0, 120.0, but=frozenset({"c1"}))
+    clock.now = 125.0
+    m.check_streaming()
+    assert [(v.invariant, v.what.split(":")[0]) for v in m.violations] == [(3, "c1")]
