@@ -3,6 +3,7 @@ parent gets back."""
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass
 
@@ -26,6 +27,9 @@ def run_one(arguments: tuple[int, float, int]) -> SeedReport:
     from sim.scenario import run_seed
 
     seed, duration, faults = arguments
+    # A run allocates millions of short-lived objects and few cycles: collecting the
+    # young generation less often saves about a tenth of its CPU (same trace).
+    gc.set_threshold(50_000, 20, 100)
     started = time.process_time()
     result = run_seed(seed, duration=duration, faults=faults)
     return SeedReport(
