@@ -5,7 +5,7 @@
 One worker runs in this process, built as ``python -m worker`` builds one
 (``WorkerConfig``, ``make_clients``, ``LeaseStore``, a ``SessionStore`` on the shared
 client and one on the renew's own client, ``Worker``), at the shipped defaults: no
-timing variable is set (lease 2.5 s, heartbeat and reconcile 0.6 s, checkpoint 5 s)
+timing variable is set (lease 2.2 s, heartbeat and reconcile 0.594 s, checkpoint 5 s)
 and ``MAX_CONNECTIONS`` is 500. Its connections are started through the router's HTTP
 API without an id, so the router makes them (uuid4 hex), each on a stream of the demo
 feed at ``--rate`` messages a second.

@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.density [--levels 250,500,1000] [--hold 20]``
 
-One worker (the shipped default timings: session lease 2.5 s, renew every 0.6 s;
+One worker (the shipped default timings: session lease 2.2 s, renew every 0.594 s;
 ``MAX_CONNECTIONS`` raised above
 the top level; no-op handler) takes connections at 1 message/s each from two feed
 processes (1,000 simultaneous opening handshakes against one busy server time out, so

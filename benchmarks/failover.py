@@ -17,7 +17,7 @@ repetition, for each scenario and each fleet in turn:
 - start a replacement and wait until every connection flows again.
 
 With ``--shipped-defaults`` only ``ours`` runs, with no timing set at all (the
-worker's shipped defaults: lease 2.5 s, heartbeat and reconcile 0.6 s, margin 0.5 s).
+worker's shipped defaults: lease 2.2 s, heartbeat and reconcile 0.594 s, margin 0.22 s).
 
 Reported: p50 and max over repetitions, per scenario and fleet, the bound docs/DESIGN.md §3.11
 promises for those timings, the ratio seed / ours, the duplicates (deliveries by the

@@ -5,7 +5,7 @@ worker that drains at SIGTERM hands everything it runs to the others.
 ``python -m benchmarks.rebalance [--scenario scale-out|drain|both] [--steady 600]``
 
 Real worker processes with the recording handler, the demo feed, the router and
-DynamoDB Local, at the shipped defaults (lease 2.5 s, heartbeat and reconcile 0.6 s;
+DynamoDB Local, at the shipped defaults (lease 2.2 s, heartbeat and reconcile 0.594 s;
 balance rounds every 5 s, tolerance 0.05, at most 10% of the fleet's connections
 moved per round) unless an option says otherwise.
 

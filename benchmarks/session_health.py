@@ -3,8 +3,8 @@ takes over and releases hundreds of connections, and through short DynamoDB stal
 
 ``python -m benchmarks.session_health [--duration 600] [--connections 500] [--stalls 5]``
 
-At the shipped default timings (lease 2.5 s, session renew every 0.6 s, fence window
-2.0 s), with a no-op handler and every connection at 1 message/s:
+At the shipped default timings (lease 2.2 s, session renew every 0.594 s, fence window
+1.98 s), with a no-op handler and every connection at 1 message/s:
 
 1. worker ``victim`` (``MAX_CONNECTIONS`` = N) takes N connections;
 2. worker ``holder`` (``MAX_CONNECTIONS`` = 2N; its DynamoDB traffic goes through a

@@ -4,7 +4,7 @@ without deliveries?
 ``python -m benchmarks.slow_dynamodb [--connections 20] [--rate 10] [--hold 20]
 [--round-trips 0.3,0.6,1.5,2.5]``
 
-At the shipped default timings (lease 2.5 s, heartbeat 0.6 s, fence window 2.0 s), two
+At the shipped default timings (lease 2.2 s, heartbeat 0.594 s, fence window 1.98 s), two
 workers, ``slow`` (its DynamoDB traffic goes through a proxy) and ``other``, share
 ``--connections`` connections at ``--rate`` msg/s (balancing splits them). For each
 round trip in turn, once every connection flows and ``slow`` runs about half of them

@@ -6,7 +6,7 @@ the API call to the upstream socket closed.
 The router's Lambda handler is served over HTTP by the local adapter
 (``python -m local_stack.api_server``, its own process), exactly as ``run-local.sh``
 serves it, and called with :class:`fleetctl.client.FleetClient`. Workers run with the
-project's shipped defaults (session lease 2.5 s, heartbeat 0.6 s, SQS long poll 10 s).
+project's shipped defaults (session lease 2.2 s, heartbeat 0.594 s, SQS long poll 10 s).
 For each start, one after the other: ``POST /connections`` with a new id and a feed
 URL, then wait for the recording handler's first record of that connection. Then each
 connection is stopped (``DELETE``) and the feed's log tells when its socket closed.
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     emit(
         f"start and stop latency, {args.starts} connections, {args.workers} workers"
         f"{', stops at once' if args.stops_at_once else ''}"
-        " (shipped defaults: lease 2.5 s, heartbeat 0.6 s)",
+        " (shipped defaults: lease 2.2 s, heartbeat 0.594 s)",
         render(result),
         result,
     )

@@ -52,7 +52,7 @@ class Options:
     connections: int = DEFAULT_CONNECTIONS
     rate: float = DEFAULT_RATE
     lease_seconds: float | None = None
-    """None: the worker's own default (2.5 s)."""
+    """None: the worker's own default (2.2 s)."""
     state_dir: Path = DEFAULT_STATE_DIR
     view: bool = True
     duration: float | None = None
@@ -158,7 +158,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "--lease-seconds",
         type=_lease_seconds,
         default=None,
-        help="LEASE_SECONDS for the workers (default: the worker's own, 2.5); "
+        help="LEASE_SECONDS for the workers (default: the worker's own, 2.2); "
         "e.g. 6 makes failover quick enough to watch",
     )
     parser.add_argument(

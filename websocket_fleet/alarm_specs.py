@@ -31,7 +31,7 @@ being taken: acquires failing, or too little free capacity to take them all."""
 RENEW_FAILURE_MINUTES: Final = (3, 5)
 """Session renew failures in 3 of 5 one-minute periods. ``RenewFailures`` counts
 failed renews of a worker's session, one item per process renewed every heartbeat
-(0.6 s at the defaults). The fence window (lease - margin) holds three renew
+(0.594 s at the defaults). The fence window (lease - margin) holds three renew
 attempts, so an isolated failure, or one bad minute, costs nothing. Failures in most
 minutes mean a cause that persists (table throttling, network trouble, a starved event
 loop): a worker's whole session, every connection it runs, is at risk of pausing at

@@ -104,8 +104,8 @@ class FleetOptions:
     ``ALLOWED_SECRET_PREFIX``); the worker task role may read exactly those."""
     max_connections: int = 500
     lease_seconds: float = DEFAULT_LEASE_SECONDS
-    """The session lease (``LEASE_SECONDS``, 2.5 s); the worker derives the rest from
-    it (``LeaseTiming.from_lease``: heartbeat and reconcile 0.6 s, margin lease/5,
+    """The session lease (``LEASE_SECONDS``, 2.2 s); the worker derives the rest from
+    it (``LeaseTiming.from_lease``: heartbeat and reconcile 0.594 s, margin lease/10,
     checkpoint 5 s), and the synth refuses a lease those cannot satisfy."""
     min_tasks: int = 2
     max_tasks: int = 10

@@ -16,7 +16,7 @@ STOP_TIMEOUT: Final = Duration.seconds(120)
 release every lease with its final checkpoint and send the ``reassign`` hints."""
 HEALTH_CHECK_COMMAND: Final = ("CMD", "python", "-m", "worker.health")
 """Fails once the event loop's stamp is older than ``LeaseTiming.stale_health_after``:
-three heartbeats and never less than 10 s (10 s at the default 2.5 s lease)."""
+three heartbeats and never less than 10 s (10 s at the default 2.2 s lease)."""
 HEALTH_CHECK_INTERVAL: Final = Duration.seconds(15)
 HEALTH_CHECK_TIMEOUT: Final = Duration.seconds(5)
 HEALTH_CHECK_RETRIES: Final = 3

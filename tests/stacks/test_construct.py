@@ -99,7 +99,7 @@ def test_the_worker_runs_the_users_handler_with_every_setting_given(user_app: Us
     env = container_environment(user_app.template("MyFleet"))
     assert env["HANDLER"] == "my_sink.sink:factory"
     assert (env["HANDLER_ERRORS"], env["BALANCE_ROUND_SECONDS"]) == ("skip", "10")
-    assert env["LEASE_SECONDS"] == "2.5"
+    assert env["LEASE_SECONDS"] == "2.2"
     assert "WORKER_ID" not in env
 
 

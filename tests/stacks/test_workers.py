@@ -17,7 +17,7 @@ from wsfleet.timing import LeaseTiming
 
 pytestmark = pytest.mark.cdk
 
-LEASE = 2.5
+LEASE = 2.2
 
 
 def _container(synth: Synthesized) -> dict:
@@ -59,7 +59,7 @@ def test_health_check_replaces_only_a_worker_stuck_well_past_its_session_lease(
     )
     # The command itself fails once the loop's stamp is older than this (worker.health).
     timing = _worker_config(synth).timing
-    assert timing.stale_health_after == max(3 * 0.6, 10.0) == 10.0
+    assert timing.stale_health_after == max(3 * 0.594, 10.0) == 10.0
     # One check answers before the next starts.
     assert check["Timeout"] < check["Interval"]
     # Marked unhealthy only after `Retries` failed checks in a row: a loop stuck for
@@ -78,7 +78,7 @@ def test_worker_environment_uses_the_worker_names_and_never_sets_worker_id(
     table_id, _ = only(synth.resources, "AWS::DynamoDB::Table")
     assert env[worker_env.TABLE_NAME] == {"Ref": table_id}
     assert env[worker_env.QUEUE_URL]["Ref"] in synth.resources
-    assert env[worker_env.LEASE_SECONDS] == "2.5"
+    assert env[worker_env.LEASE_SECONDS] == "2.2"
     assert env[worker_env.MAX_CONNECTIONS] == "500"
     assert env[worker_env.REASSIGN_ON_RELEASE] == "true"
     assert env[worker_env.UPSTREAM_CONNECT_BURST] == "200"
@@ -94,7 +94,7 @@ def test_worker_environment_uses_the_worker_names_and_never_sets_worker_id(
 
 
 def test_worker_timing_is_the_session_design_default(synth: Synthesized) -> None:
-    """lease 2.5 s, heartbeat = reconcile = 0.6 s, margin 0.5 s, checkpoint 5 s: the
+    """lease 2.2 s, heartbeat = reconcile = 0.594 s, margin 0.22 s, checkpoint 5 s: the
     worker's own defaults, none of them overridden in the task definition."""
     env = _environment(synth)
     for name in (
@@ -105,10 +105,11 @@ def test_worker_timing_is_the_session_design_default(synth: Synthesized) -> None
         assert name not in env, name
     timing = _worker_config(synth).timing
     assert timing == LeaseTiming.from_lease()
-    assert (timing.lease, timing.margin, timing.checkpoint) == (LEASE, 0.5, 5.0)
+    assert (timing.lease, timing.checkpoint) == (LEASE, 5.0)
+    assert timing.margin == pytest.approx(0.22)
     assert "MAX_SKEW_SECONDS" not in env
-    assert timing.heartbeat == pytest.approx(0.6)
-    assert timing.reconcile == pytest.approx(0.6)
+    assert timing.heartbeat == pytest.approx(0.594)
+    assert timing.reconcile == pytest.approx(0.594)
 
 
 def test_service_rolls_back_failed_deployments_and_keeps_capacity(synth: Synthesized) -> None:

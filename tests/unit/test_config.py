@@ -10,14 +10,14 @@ BASE = {"TABLE_NAME": "connections", "QUEUE_URL": "http://q/1/starts"}
 
 def test_defaults():
     config = WorkerConfig.from_env(BASE)
-    assert config.timing == LeaseTiming.from_lease(2.5)
-    assert config.timing.lease == 2.5
+    assert config.timing == LeaseTiming.from_lease(2.2)
+    assert config.timing.lease == 2.2
     assert config.upstream_fail_after == 600
     assert config.upstream_connect_burst == 200
     assert config.upstream_connects_per_second == 100
-    assert config.timing.heartbeat == pytest.approx(0.6)
-    assert config.timing.reconcile == pytest.approx(0.6)
-    assert config.timing.margin == 0.5
+    assert config.timing.heartbeat == pytest.approx(0.594)
+    assert config.timing.reconcile == pytest.approx(0.594)
+    assert config.timing.margin == pytest.approx(0.22)
     assert config.timing.checkpoint == 5
     assert config.max_connections == 500
     assert config.reassign_on_release is True
@@ -209,7 +209,7 @@ def test_a_setting_no_longer_read_is_ignored_with_a_reason():
     from worker.config import ignored_settings
 
     env = {"TABLE_NAME": "t", "QUEUE_URL": "q", "MAX_SKEW_SECONDS": "0.2"}
-    assert WorkerConfig.from_env(env).timing.fence_after == pytest.approx(2.0)
+    assert WorkerConfig.from_env(env).timing.fence_after == pytest.approx(1.98)
     (line,) = ignored_settings(env)
     assert line.startswith("MAX_SKEW_SECONDS is set but no longer a setting (ignored)")
     assert ignored_settings({"TABLE_NAME": "t"}) == []

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from worker.connection_state import Call, ConnectionState, Ending, Failure, Frame, Watch
 from wsfleet.timing import LeaseTiming
 
-# lease 2.5: heartbeat 0.6, margin 0.5 -> fence after 2.0 s; drain budget 2.0 s
+# lease 2.2: heartbeat 0.594, margin 0.22 -> fence after 1.98 s; drain budget 1.98 s
 TIMING = LeaseTiming.from_lease()
 T0 = 1000.0  # loop time the last session renew was sent
-DEADLINE = T0 + 2.0
-# lease 120: fence after 107.75 s, drain budget 30 s (MAX_DRAIN_SECONDS)
+DEADLINE = T0 + 1.98
+# lease 120: fence after 108 s, drain budget 30 s (MAX_DRAIN_SECONDS)
 LONG = LeaseTiming.from_lease(120, heartbeat=30, reconcile=30)
 
 
@@ -114,7 +114,7 @@ def test_handler_failures(skip, hit_deadline, verdict, checkpoint):
 def test_a_landed_renew_moves_the_deadline_forward_only(sent_at, moved_to):
     s = state()
     assert s.renewed(sent_at) == moved_to
-    assert s.deadline == max(DEADLINE, sent_at + 2.0)
+    assert s.deadline == max(DEADLINE, sent_at + TIMING.fence_after)
     assert s.call_deadline == s.deadline
 
 
@@ -122,7 +122,7 @@ def test_a_paused_connection_resumes_after_a_later_renew_under_the_same_lease():
     s = state(5)
     assert s.before_call(DEADLINE + 0.1) is Call.PAUSE
     assert s.call_failed(6, hit_deadline=True) is Failure.PAUSE
-    assert s.renewed(DEADLINE - 0.5) == DEADLINE + 1.5
+    assert s.renewed(DEADLINE - 0.5) == DEADLINE + 1.48
     assert s.before_call(DEADLINE + 0.1) is Call.GO
     s.call_returned(6)
     assert (s.checkpoint, s.ending) == (6, None)
@@ -169,10 +169,10 @@ def test_what_each_ending_means(ending, graceful, releases, loses_lease):
     [
         (TIMING, DEADLINE, T0 + 0.5, DEADLINE),  # the fence deadline comes first
         (TIMING, DEADLINE, T0, DEADLINE),  # both at once
-        (TIMING, DEADLINE + 5, T0 + 1, T0 + 3),  # the drain budget (2 s) comes first
+        (TIMING, DEADLINE + 5, T0 + 1, T0 + 2.98),  # the drain budget (1.98 s) comes first
         (TIMING, DEADLINE, DEADLINE + 1, DEADLINE),  # stopped while paused: no call left
-        (LONG, T0 + 107.75, T0 + 1, T0 + 31),  # the budget is capped at 30 s
-        (LONG, T0 + 107.75, T0 + 80, T0 + 107.75),
+        (LONG, T0 + 108, T0 + 1, T0 + 31),  # the budget is capped at 30 s
+        (LONG, T0 + 108, T0 + 80, T0 + 108),
     ],
 )
 @pytest.mark.parametrize("ending", [e for e in Ending if e.graceful])
@@ -261,9 +261,10 @@ def test_the_watchdog_follows_the_deadline_that_renews_move():
     s.renewed(T0 + 0.6)
     s.renewed(T0 + 1.2)
     assert s.watchdog(DEADLINE, in_call=True) is Watch.LATER
-    assert s.call_deadline == T0 + 1.2 + 2.0
-    assert s.watchdog(T0 + 3.2 - 0.001, in_call=True) is Watch.LATER
-    assert s.watchdog(T0 + 3.2, in_call=True) is Watch.CUT
+    moved = T0 + 1.2 + TIMING.fence_after  # 1003.18
+    assert s.call_deadline == moved
+    assert s.watchdog(moved - 0.001, in_call=True) is Watch.LATER
+    assert s.watchdog(moved, in_call=True) is Watch.CUT
 
 
 @pytest.mark.parametrize("ending", [Ending.SHUTDOWN, Ending.HANDED_OFF])

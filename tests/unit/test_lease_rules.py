@@ -805,28 +805,28 @@ def test_restarted_since(item, restarted):
 
 # --- fencing ---------------------------------------------------------------------------
 
-TIMING = LeaseTiming.from_lease()  # 2.5 s: margin 0.5 -> fence after 2.0 s
+TIMING = LeaseTiming.from_lease()  # 2.2 s: margin 0.22 -> fence after 1.98 s
 
 
 @pytest.mark.parametrize(
     ("now", "allowed"),
     [
         (100.0, True),  # just renewed
-        (101.999, True),
-        (102.0, False),  # exactly at lease - margin
-        (102.001, False),
+        (101.979, True),
+        (101.98, False),  # exactly at lease - margin
+        (101.981, False),
         (200.0, False),
     ],
 )
 def test_fence_deadline_boundaries(now, allowed):
     deadline = fence_deadline(100.0, TIMING)
-    assert deadline == 102.0
+    assert deadline == 101.98
     assert may_handle(now, deadline) is allowed
 
 
 @pytest.mark.parametrize(
     ("lease_seconds", "sent_at", "deadline"),
-    [(2.5, 0.0, 2.0), (4, 10.0, 13.2), (20, 5.0, 21.0)],
+    [(2.2, 0.0, 1.98), (2.5, 0.0, 2.25), (4, 10.0, 13.6), (20, 5.0, 23.0)],
 )
 def test_the_fence_deadline_follows_the_timing(lease_seconds, sent_at, deadline):
     timing = LeaseTiming.from_lease(lease_seconds)

@@ -62,5 +62,6 @@ def test_a_doubt_brings_the_check_to_the_next_pass_and_restarts_the_count() -> N
 
 
 def test_the_bound_covers_the_passes_at_their_longest_jitter() -> None:
-    timing = LeaseTiming.from_lease(2.5)
-    assert timing.own_check_bound() == pytest.approx(OWN_CHECK_PASSES * 1.2 * 0.6 + 1.0)
+    timing = LeaseTiming.from_lease()  # the default: reconcile 0.594 s
+    assert timing.own_check_bound() == pytest.approx(OWN_CHECK_PASSES * 1.2 * 0.594 + 1.0)
+    assert timing.own_check_bound() == pytest.approx(3.8512)

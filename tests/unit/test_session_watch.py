@@ -20,7 +20,7 @@ from wsfleet.session_rules import SessionItem
 from wsfleet.session_watch import WAKE_MARGIN, SessionWatch
 from wsfleet.timing import DRIFT_RATE, LeaseTiming
 
-TIMING = LeaseTiming.from_lease()  # lease 2.5 s: expire after 2.5025 s, fence after 2.0 s
+TIMING = LeaseTiming.from_lease()  # lease 2.2 s: expire after 2.2022 s, fence after 1.98 s
 E = TIMING.expire_after
 MINE = ("me", 1)
 TINY = 1e-6
@@ -45,7 +45,7 @@ def watched(
 
 
 def test_a_session_lapses_once_seen_unchanged_for_expire_after():
-    assert TIMING.expire_after == pytest.approx(2.5025)
+    assert TIMING.expire_after == pytest.approx(2.2022)
     session = item()
     watch = watched((0.0, [session]))
     assert watch.unchanged_for(session, 0.0) == 0.0

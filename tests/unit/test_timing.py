@@ -15,6 +15,7 @@ from wsfleet.timing import (
     DEFAULT_CHECKPOINT_SECONDS,
     DEFAULT_LEASE_SECONDS,
     DRIFT_RATE,
+    HEARTBEAT_SHARE,
     MAX_CHECKPOINT_SECONDS,
     InvalidTimingError,
     LeaseTiming,
@@ -23,15 +24,18 @@ from wsfleet.timing import (
 
 def test_the_defaults():
     timing = LeaseTiming.from_lease()
-    assert (DEFAULT_LEASE_SECONDS, DRIFT_RATE, DEFAULT_CHECKPOINT_SECONDS) == (2.5, 0.001, 5.0)
-    assert timing.lease == 2.5
-    assert timing.heartbeat == pytest.approx(0.6)
-    assert timing.reconcile == pytest.approx(0.6)
-    assert (timing.margin, timing.checkpoint) == (0.5, 5.0)
-    assert timing.fence_after == pytest.approx(2.0)
-    assert timing.expire_after == pytest.approx(2.5025)  # 2.5 x 1.001
-    assert timing.lease_ms == 2500
-    assert timing.crash_failover_bound() == pytest.approx(4.2225)  # 2.5025 + 0.72 + 1
+    assert (DEFAULT_LEASE_SECONDS, DRIFT_RATE, DEFAULT_CHECKPOINT_SECONDS) == (2.2, 0.001, 5.0)
+    assert HEARTBEAT_SHARE == 0.27
+    assert timing.lease == 2.2
+    assert timing.heartbeat == pytest.approx(0.594)  # 0.27 x 2.2
+    assert timing.reconcile == pytest.approx(0.594)
+    assert timing.margin == pytest.approx(0.22)  # 2.2 / 10
+    assert timing.checkpoint == 5.0
+    assert timing.fence_after == pytest.approx(1.98)
+    assert timing.expire_after == pytest.approx(2.2022)  # 2.2 x 1.001
+    assert timing.lease_ms == 2200
+    assert timing.give_up_after == pytest.approx(2.574)  # 1.98 + 0.594
+    assert timing.crash_failover_bound() == pytest.approx(3.915)  # 2.2022 + 0.7128 + 1
 
 
 def test_there_is_no_skew_any_more():
@@ -45,16 +49,16 @@ def test_there_is_no_skew_any_more():
         LeaseTiming.from_lease(2.5, **skew)
 
 
-@pytest.mark.parametrize("lease", [0.01, 1, 2, 2.5, 4, 20, 120])
+@pytest.mark.parametrize("lease", [0.01, 1, 2, 2.2, 2.5, 4, 20, 120])
 def test_everything_follows_the_lease(lease):
     timing = LeaseTiming.from_lease(lease)
-    assert timing.heartbeat == pytest.approx(0.24 * lease)
-    assert timing.reconcile == pytest.approx(0.24 * lease)
-    assert timing.margin == pytest.approx(lease / 5)
+    assert timing.heartbeat == pytest.approx(0.27 * lease)
+    assert timing.reconcile == pytest.approx(0.27 * lease)
+    assert timing.margin == pytest.approx(lease / 10)
     assert timing.checkpoint == 5.0
-    assert timing.fence_after == pytest.approx(0.8 * lease)
+    assert timing.fence_after == pytest.approx(0.9 * lease)
     assert timing.expire_after == pytest.approx(1.001 * lease)
-    assert timing.crash_failover_bound() == pytest.approx(1.001 * lease + 1.2 * 0.24 * lease + 1)
+    assert timing.crash_failover_bound() == pytest.approx(1.001 * lease + 1.2 * 0.27 * lease + 1)
 
 
 @given(st.floats(min_value=1e-6, max_value=1e6))
@@ -68,8 +72,8 @@ def test_the_derived_defaults_validate_at_any_lease(lease):
 def test_the_scaled_timings_of_the_tests_validate():
     timing = LeaseTiming.from_lease(2, heartbeat=0.5, reconcile=0.5)
     assert (timing.lease, timing.heartbeat, timing.reconcile) == (2, 0.5, 0.5)
-    assert timing.margin == pytest.approx(0.4)
-    assert timing.fence_after == pytest.approx(1.6)  # three heartbeats (1.5) fit
+    assert timing.margin == pytest.approx(0.2)
+    assert timing.fence_after == pytest.approx(1.8)  # three heartbeats (1.5) fit
     assert timing.expire_after == pytest.approx(2.002)
 
 
@@ -163,8 +167,8 @@ def test_validate_checks_a_timing_built_by_hand():
         LeaseTiming(lease=4, heartbeat=0.5, reconcile=1.0, margin=0.008).validate()
 
 
-def test_the_default_lease_is_two_and_a_half_seconds():
-    assert LeaseTiming.from_lease() == LeaseTiming.from_lease(2.5)
+def test_the_default_lease_is_two_point_two_seconds():
+    assert LeaseTiming.from_lease() == LeaseTiming.from_lease(2.2)
 
 
 # --- the drift of the clocks -----------------------------------------------------------
@@ -232,8 +236,8 @@ def test_without_the_margin_rule_a_slow_holder_would_outlast_the_reaper(lease):
 @pytest.mark.parametrize(
     ("timing", "stale_after"),
     [
-        (LeaseTiming.from_lease(), 10.0),  # three heartbeats are 1.8 s: the floor holds
-        (LeaseTiming.from_lease(20), pytest.approx(14.4)),  # three heartbeats of 4.8 s
+        (LeaseTiming.from_lease(), 10.0),  # three heartbeats are 1.782 s: the floor holds
+        (LeaseTiming.from_lease(20), pytest.approx(16.2)),  # three heartbeats of 5.4 s
         (LeaseTiming.from_lease(20, heartbeat=10 / 3), pytest.approx(10.0)),
         (LeaseTiming.from_lease(120, heartbeat=30), 90.0),
     ],
@@ -247,13 +251,13 @@ def test_the_health_check_allows_three_heartbeats_and_never_less_than_ten_second
 @pytest.mark.parametrize(
     ("timing", "attempt", "give_up"),
     [
-        (LeaseTiming.from_lease(), pytest.approx(2.0), pytest.approx(2.6)),
+        (LeaseTiming.from_lease(), pytest.approx(1.98), pytest.approx(2.574)),
         (
             LeaseTiming.from_lease(2, heartbeat=0.5, reconcile=0.5),
-            pytest.approx(1.6),
-            pytest.approx(2.1),
+            pytest.approx(1.8),
+            pytest.approx(2.3),
         ),
-        (LeaseTiming.from_lease(20, heartbeat=3), pytest.approx(16.0), pytest.approx(19.0)),
+        (LeaseTiming.from_lease(20, heartbeat=3), pytest.approx(18.0), pytest.approx(21.0)),
     ],
 )
 def test_a_renew_is_awaited_for_the_fence_window_and_the_session_given_up_a_heartbeat_later(
@@ -269,11 +273,11 @@ def test_a_renew_is_awaited_for_the_fence_window_and_the_session_given_up_a_hear
 @pytest.mark.parametrize(
     ("timing", "drain", "release", "shutdown"),
     [
-        (LeaseTiming.from_lease(), 2.0, 2.5, 20.0),  # the floor: 5.5 s would be too short
-        (LeaseTiming.from_lease(8), 6.4, 8, 20.0),
-        (LeaseTiming.from_lease(10), 8.0, 10, 20.0),
-        (LeaseTiming.from_lease(11), 8.8, 11, 20.8),
-        (LeaseTiming.from_lease(20), 16.0, 20, 37.0),
+        (LeaseTiming.from_lease(), 1.98, 2.2, 20.0),  # the floor: 5.18 s would be too short
+        (LeaseTiming.from_lease(8), 7.2, 8, 20.0),
+        (LeaseTiming.from_lease(10), 9.0, 10, 20.0),  # 9 + 10 + 1: exactly the floor
+        (LeaseTiming.from_lease(11), 9.9, 11, 21.9),
+        (LeaseTiming.from_lease(20), 18.0, 20, 39.0),
         (LeaseTiming.from_lease(120), 30.0, 30.0, 61.0),  # both capped
     ],
 )
