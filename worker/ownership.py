@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from worker.acquire_result import AcquireResult
 from worker.capacity import Capacity
@@ -226,7 +227,7 @@ class Ownership:
             self._standing.suspect(gen, _now())
             await self._capacity.release()
             raise
-        return await self._run_taken(connection_id, result)
+        return await self._run_taken(connection_id, result, asyncio.current_task())
 
     async def _attempt_many(
         self,
@@ -253,12 +254,29 @@ class Ownership:
                 for _ in chunk:
                     await self._capacity.release()
                 raise
-            taken = []
-            for item in chunk:
-                result = results.get(item.connection_id, TakeoverStep.GONE)
-                if await self._run_taken(item.connection_id, result) is AcquireResult.WON:
-                    taken.append(item.connection_id)
-            return taken
+            # Side by side: what was won under a session lost meanwhile is given back
+            # with a write and a hint each, and a batch of them one after the other
+            # held the last for seconds (found by the simulator, seed 139).
+            attempt_task = asyncio.current_task()
+            outcomes = await asyncio.gather(
+                *(
+                    self._run_taken(
+                        item.connection_id,
+                        results.get(item.connection_id, TakeoverStep.GONE),
+                        attempt_task,
+                    )
+                    for item in chunk
+                ),
+                return_exceptions=True,
+            )
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            return [
+                item.connection_id
+                for item, outcome in zip(chunk, outcomes, strict=True)
+                if outcome is AcquireResult.WON
+            ]
 
         taken: list[str] = []
         for chunk in chunks:
@@ -269,10 +287,13 @@ class Ownership:
         return taken
 
     async def _run_taken(
-        self, connection_id: str, result: Lease | AcquireRefusal | TakeoverStep
+        self,
+        connection_id: str,
+        result: Lease | AcquireRefusal | TakeoverStep,
+        attempt_task: asyncio.Task[Any] | None,
     ) -> AcquireResult:
         """Start the runner of a connection just taken (its slot is reserved), or give
-        the slot back."""
+        the slot back. ``attempt_task``: the attempt that counts it as being acquired."""
         if not isinstance(result, Lease):
             await self._capacity.release()
             return _REFUSALS[result]
@@ -283,7 +304,7 @@ class Ownership:
             # No longer being taken: the give-back's hint may come back to this
             # worker's own start queue, and must find it free here, not "already
             # mine" (the shutdown still waits for the attempt: it is kept).
-            self._holdings.settled(connection_id, asyncio.current_task())
+            self._holdings.settled(connection_id, attempt_task)
             try:
                 await self._give_back.unrun(result)
             finally:
