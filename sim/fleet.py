@@ -189,6 +189,7 @@ class WorkerProcess:
         # be terminated) from the instant it starts.
         self.stop = asyncio.Event()
         self.exited = False
+        self.terminated_at: float | None = None
         self.task = world.run_task(self.loop, self._main())
 
     def wall_ms(self) -> int:
@@ -212,12 +213,18 @@ class WorkerProcess:
                 )
         finally:
             self.exited = True
+            if self.terminated_at is not None:
+                # A drain hands connections to the others until the process exits: a
+                # crash meanwhile is not a clean failover (invariant 7).
+                self.fleet.monitor.disturbance(self.terminated_at, self.fleet.world.now)
 
     @property
     def alive(self) -> bool:
         return not self.loop.crashed and not self.exited
 
     def terminate(self) -> None:
+        if self.terminated_at is None:
+            self.terminated_at = self.fleet.world.now
         self.stop.set()
         self.fleet.capacity_changed()
 
@@ -351,6 +358,8 @@ class Fleet:
         self.short_since: float | None = None
         self.last_fault_end = 0.0
         self.malformed: list[str] = []
+        self.slowed: dict[str, float] = {}
+        """Worker name -> when its DynamoDB brownout ends."""
         self.log_triggers: list[tuple[str, str, Callable[[], None]]] = []
         """One-shot (process name, text, action): ``action`` runs, in the process's
         step, when that process logs a warning or an error containing ``text``."""
@@ -393,9 +402,19 @@ class Fleet:
 
     def capacity_changed(self) -> None:
         """While the live workers have no room for every connection, a connection may
-        wait for room: darkness is excused until room is back."""
-        room = len(self.alive()) * self.shape.max_connections
+        wait for room: darkness is excused until room is back. A worker whose DynamoDB
+        is slow is room for the others' connections, but if the others have no room
+        for its own, a slow worker that loses its session (a pause during the
+        brownout, say, or a round trip longer than the fence window) may be slow to
+        keep a new one: everything is excused until the brownout ends."""
+        alive = self.alive()
+        room = len(alive) * self.shape.max_connections
         now = self.world.now
+        for process in alive:
+            until = self.slowed.get(process.name, 0.0)
+            others = len(alive) - 1
+            if until > now and others * self.shape.max_connections < self.shape.connections:
+                self.monitor.excuse(now, until)
         if room < self.shape.connections:
             if self.short_since is None:
                 self.short_since = now

@@ -30,3 +30,37 @@ def test_a_worker_counts_as_room_from_the_instant_it_starts() -> None:
             process.task.cancel()  # before it first ran: nothing of it was started
         fleet.world.run_until(fleet.world.now)
         fleet.world.close()
+
+
+def test_a_worker_lost_during_a_brownout_can_leave_no_room_for_the_slow_workers_connections() -> (
+    None
+):
+    """One worker's slow DynamoDB excuses the darkness of what it runs only while the
+    others have no room for it; a crash during the brownout can take that room away
+    (seed 159 on the tight fleets: the slow worker gave its session up, the three
+    others had 30 slots for 32 connections, and the excuse had been decided at the
+    brownout's start, when a fourth still lived)."""
+    shape = Shape(
+        workers=4,
+        connections=32,
+        rate=1.0,
+        max_connections=10,
+        duration=60.0,
+        faults=0,
+        batch=False,
+    )
+    fleet = Fleet(1, shape)
+    try:
+        slow, *others = (fleet.start_worker() for _ in range(5))
+        fleet.slowed[slow.name] = fleet.world.now + 10.0
+        fleet.capacity_changed()
+        everything = (fleet.world.now, fleet.world.now + 10.0, None, frozenset())
+        assert everything not in fleet.monitor._excuses  # four others: 40 slots
+        fleet.world.now += 2.0
+        others[0].terminate()  # as a crash would: one worker less
+        assert (1002.0, 1010.0, None, frozenset()) in fleet.monitor._excuses  # 30 slots
+    finally:
+        for process in fleet.processes:
+            process.task.cancel()
+        fleet.world.run_until(fleet.world.now)
+        fleet.world.close()
