@@ -358,8 +358,9 @@ class Fleet:
         self.short_since: float | None = None
         self.last_fault_end = 0.0
         self.malformed: list[str] = []
-        self.slowed: dict[str, float] = {}
-        """Worker name -> when its DynamoDB brownout ends."""
+        self.impaired: dict[str, float] = {}
+        """Worker name -> until when it cannot be counted on to take connections: its
+        process paused, its DynamoDB slowed or cut off."""
         self.log_triggers: list[tuple[str, str, Callable[[], None]]] = []
         """One-shot (process name, text, action): ``action`` runs, in the process's
         step, when that process logs a warning or an error containing ``text``."""
@@ -399,22 +400,23 @@ class Fleet:
         now = self.world.now
         self.world.pause(process.loop, seconds)
         self.monitor.paused(process.name, now, now + seconds)
+        self.impair(process, now + seconds)
+
+    def impair(self, process: WorkerProcess, until: float) -> None:
+        """``process`` cannot be counted on to take connections until ``until``."""
+        self.impaired[process.name] = max(self.impaired.get(process.name, 0.0), until)
+        self.capacity_changed()
+        self.world.at(until, self.capacity_changed)
 
     def capacity_changed(self) -> None:
-        """While the live workers have no room for every connection, a connection may
-        wait for room: darkness is excused until room is back. A worker whose DynamoDB
-        is slow is room for the others' connections, but if the others have no room
-        for its own, a slow worker that loses its session (a pause during the
-        brownout, say, or a round trip longer than the fence window) may be slow to
-        keep a new one: everything is excused until the brownout ends."""
-        alive = self.alive()
-        room = len(alive) * self.shape.max_connections
+        """While the workers that can take connections have no room for every one, a
+        connection may wait for room: darkness is excused until room is back. A
+        worker paused, or whose DynamoDB is slow or cut off, is not counted: it may
+        lose its session and be slow to keep a new one (a slow worker's connections
+        are its own to keep running while the others have room, §3.11)."""
         now = self.world.now
-        for process in alive:
-            until = self.slowed.get(process.name, 0.0)
-            others = len(alive) - 1
-            if until > now and others * self.shape.max_connections < self.shape.connections:
-                self.monitor.excuse(now, until)
+        able = [p for p in self.alive() if self.impaired.get(p.name, 0.0) <= now]
+        room = len(able) * self.shape.max_connections
         if room < self.shape.connections:
             if self.short_since is None:
                 self.short_since = now
@@ -423,6 +425,7 @@ class Fleet:
             self.monitor.excuse(self.short_since, now)
             self.monitor.event("fleet has room again")
             self.short_since = None
+        self.monitor.short_since = self.short_since
 
     def alive(self) -> list[WorkerProcess]:
         return [p for p in self.processes if p.alive and not p.stop.is_set()]

@@ -106,6 +106,9 @@ class Monitor:
         self._worker_faults: dict[str | None, list[tuple[float, float]]] = {}
         self._crashed_at: dict[str, float] = {}
         self._excuses: list[tuple[float, float, str | None, frozenset[str]]] = []
+        self.short_since: float | None = None
+        """Since when the fleet has had no room for every connection (None: it has):
+        an excuse still open."""
         self._disturbances: list[tuple[float, float]] = []
         self._pauses: dict[str, list[tuple[float, float]]] = {}
         self.zombie_overlaps = 0
@@ -354,6 +357,8 @@ class Monitor:
 
     def _check_dark(self, connection_id: str, since: float, until: float) -> None:
         healed = since
+        if self.short_since is not None and self.short_since <= until:
+            healed = until  # the fleet is still short of room: the excuse is open
         for start, end, about, but in self._excuses:
             if (
                 start <= until

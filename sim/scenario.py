@@ -103,6 +103,7 @@ class Schedule:
             (self.pause, 3),
             (self.pause_after_writes, 2),
             (self.brownout, 2),
+            (self.slow_then_cut, 1),
             (self.partition, 2),
             (self.throttle, 1),
             (self.lost_replies, 2),
@@ -418,11 +419,31 @@ class Schedule:
             fleet = self.fleet
             running = frozenset(fleet.monitor.run_by(process.name))
             fleet.monitor.excuse(now, now + seconds, but=running)
-            fleet.slowed[process.name] = now + seconds
-            fleet.capacity_changed()  # the others may have no room for its connections
+            fleet.impair(process, now + seconds)  # the others may have no room for it
             return lambda: None
 
         self._window(at, f"brownout +{extra:.2f}s for {seconds:.1f}s", seconds, apply, None)
+
+    def slow_then_cut(self, at: float) -> None:
+        """A worker's DynamoDB slows, then stops answering at all (a path that degrades
+        before it fails): its last renew to land is slow both ways, so its answer comes
+        well after it landed, and then nothing lands. The holder's fence must count
+        from that renew's send, never from its answer, or it outlives the reap
+        (docs/DESIGN.md §3.6). The slowness keeps a renew's round trip inside the
+        fence window, so the renews still count while they land."""
+        slow_for, extra = self.rng.uniform(1.0, 4.0), self.rng.uniform(0.4, 0.95)
+        cut_for = self.rng.uniform(4.0, 10.0)
+        seconds = slow_for + cut_for
+
+        def apply(process: WorkerProcess) -> Callable[[], None]:
+            now = self.fleet.world.now
+            process.link.brownouts.append((now, now + seconds, extra))
+            process.link.partitions.append((now + slow_for, now + seconds))
+            self.fleet.impair(process, now + seconds)
+            return lambda: None
+
+        name = f"brownout +{extra:.2f}s for {slow_for:.1f}s, then a partition for {cut_for:.1f}s"
+        self._window(at, name, seconds, apply, seconds)
 
     def partition(self, at: float) -> None:
         seconds = self.rng.uniform(1, 10)
@@ -430,6 +451,7 @@ class Schedule:
         def apply(process: WorkerProcess) -> Callable[[], None]:
             now = self.fleet.world.now
             process.link.partitions.append((now, now + seconds))
+            self.fleet.impair(process, now + seconds)
             return lambda: None
 
         self._window(at, f"partition for {seconds:.1f}s", seconds, apply, seconds)

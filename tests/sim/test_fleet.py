@@ -35,9 +35,10 @@ def test_a_worker_counts_as_room_from_the_instant_it_starts() -> None:
 def test_a_worker_lost_during_a_brownout_can_leave_no_room_for_the_slow_workers_connections() -> (
     None
 ):
-    """One worker's slow DynamoDB excuses the darkness of what it runs only while the
-    others have no room for it; a crash during the brownout can take that room away
-    (seed 159 on the tight fleets: the slow worker gave its session up, the three
+    """A worker whose DynamoDB is slow (or cut off, or whose process is paused) is not
+    room for the others' connections while it lasts: it may lose its session and be
+    slow to keep a new one. A crash during the brownout can leave the rest without
+    room (seed 159 on the tight fleets: the slow worker gave its session up, the three
     others had 30 slots for 32 connections, and the excuse had been decided at the
     brownout's start, when a fourth still lived)."""
     shape = Shape(
@@ -52,13 +53,14 @@ def test_a_worker_lost_during_a_brownout_can_leave_no_room_for_the_slow_workers_
     fleet = Fleet(1, shape)
     try:
         slow, *others = (fleet.start_worker() for _ in range(5))
-        fleet.slowed[slow.name] = fleet.world.now + 10.0
-        fleet.capacity_changed()
-        everything = (fleet.world.now, fleet.world.now + 10.0, None, frozenset())
-        assert everything not in fleet.monitor._excuses  # four others: 40 slots
+        fleet.impair(slow, fleet.world.now + 10.0)
+        assert fleet.short_since is None  # four others: 40 slots
         fleet.world.now += 2.0
         others[0].terminate()  # as a crash would: one worker less
-        assert (1002.0, 1010.0, None, frozenset()) in fleet.monitor._excuses  # 30 slots
+        assert fleet.short_since == 1002.0  # 30 slots
+        fleet.world.run_until(1010.0)  # the brownout ends: its worker is room again
+        assert fleet.short_since is None
+        assert (1002.0, 1010.0, None, frozenset()) in fleet.monitor._excuses
     finally:
         for process in fleet.processes:
             process.task.cancel()
