@@ -18,7 +18,8 @@ from wsfleet.timing import OWN_CHECK_PASSES, LeaseTiming
 
 pytestmark = pytest.mark.timeout(scaled(30))
 
-DEFAULT = LeaseTiming.from_lease()  # lease 2.5 s, heartbeat = reconcile = 0.6 s, checkpoint 5 s
+DEFAULT = LeaseTiming.from_lease()  # lease 2.2 s, heartbeat = reconcile = 0.594 s, checkpoint 5 s
+HEARTBEAT = 0.594  # 0.27 x 2.2 s
 
 
 # --- billing rules ----------------------------------------------------------------------
@@ -149,29 +150,32 @@ def test_session_item_and_index_entry_sizes() -> None:
 def test_one_worker_of_500_at_the_defaults() -> None:
     fleet = cm.Fleet(connections=500, workers=1)
     load = cm.load_of(fleet)
-    # 1 unit every 0.6 s, 13 units every 5 s.
-    assert load.writes[cm.RENEW] == pytest.approx(1 / 0.6)
+    # 1 unit every 0.594 s, 13 units every 5 s.
+    assert DEFAULT.heartbeat == pytest.approx(HEARTBEAT)
+    assert load.writes[cm.RENEW] == pytest.approx(1 / HEARTBEAT)
     assert load.writes[cm.PAGE] == pytest.approx(13 / 5)
     # A full worker (500 of MAX_CONNECTIONS 500) does not query the unowned index.
     assert load.reads[cm.UNOWNED_QUERY] == 0.0
     # Sessions: one partition with one item (0.5), three empty ones (0.5 each).
-    assert load.reads[cm.SESSION_LIST] == pytest.approx(4 * 0.5 / 0.6)
+    assert load.reads[cm.SESSION_LIST] == pytest.approx(4 * 0.5 / HEARTBEAT)
     # by-owner: 4 shards of 125 entries of ~221 B = ~27.6 KB -> 7 blocks -> 3.5 each,
     # every fourth pass.
-    assert load.reads[cm.OWNER_QUERY] == pytest.approx(4 * 3.5 / (0.6 * OWN_CHECK_PASSES))
+    assert load.reads[cm.OWNER_QUERY] == pytest.approx(4 * 3.5 / (HEARTBEAT * OWN_CHECK_PASSES))
 
 
 def test_report_per_connection_hour_and_month() -> None:
     result = cm.report(cm.Fleet(connections=500, workers=1), cm.Prices())
     writes = result["write_units_per_connection_hour"]
-    # 6,000 renews an hour over 500 connections; 720 pages of 13 units.
-    assert writes[cm.RENEW] == 12.0
+    # 6,061 renews an hour over 500 connections; 720 pages of 13 units.
+    assert writes[cm.RENEW] == pytest.approx(3600 / HEARTBEAT / 500, abs=0.01)
     assert writes[cm.PAGE] == pytest.approx(720 * 13 / 500, abs=0.01)
-    assert writes["total"] == pytest.approx(30.72, abs=0.01)
+    assert writes["total"] == pytest.approx(30.84, abs=0.01)
     reads = result["read_units_per_connection_hour"]
-    assert reads["total"] == pytest.approx((2 + 14 / OWN_CHECK_PASSES) / 0.6 * 3600 / 500, abs=0.01)
-    # 730 h x (30.72 x $0.625 + 66 x $0.125) / 1e6
-    assert result["per_connection_month_usd_on_demand"] == pytest.approx(0.0200, abs=0.0001)
+    assert reads["total"] == pytest.approx(
+        (2 + 14 / OWN_CHECK_PASSES) / HEARTBEAT * 3600 / 500, abs=0.01
+    )
+    # 730 h x (30.84 x $0.625 + 66.7 x $0.125) / 1e6
+    assert result["per_connection_month_usd_on_demand"] == pytest.approx(0.0202, abs=0.0001)
     assert result["write_units"] == {"acquire": 3, "release": 3, "takeover_per_connection": 4}
 
 
@@ -202,7 +206,7 @@ def test_command_prints_a_summary_and_json(capsys: pytest.CaptureFixture[str]) -
     lines = capsys.readouterr().out.strip().splitlines()
     assert any("previous design: 2,160 write units" in line for line in lines)
     printed = json.loads(lines[-1])
-    assert printed["write_units_per_connection_hour"]["total"] == pytest.approx(30.72, abs=0.01)
+    assert printed["write_units_per_connection_hour"]["total"] == pytest.approx(30.84, abs=0.01)
     assert cm.main(["--connections", "500", "--workers", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == printed
     assert cm.main(["--checkpoint-seconds", "10", "--json"]) == 0

@@ -24,7 +24,8 @@ from wsfleet import schema
 
 pytestmark = pytest.mark.timeout(scaled(30))
 
-SCALE = Scale()  # 100,000 connections, 500 per worker, shipped timing (heartbeat 0.6 s)
+SCALE = Scale()  # 100,000 connections, 500 per worker, shipped timing (heartbeat 0.594 s)
+HEARTBEAT = 0.594
 
 
 def test_half_a_partition_is_the_limit() -> None:
@@ -35,12 +36,12 @@ def test_half_a_partition_is_the_limit() -> None:
 def test_session_partitions_at_100k() -> None:
     keys = {k.name: k for k in hot_keys(SCALE)}
     sessions = keys["SESSIONS#n"]
-    # 200 workers over 4 partitions: 50 renews of 1 unit every 0.6 s.
-    assert sessions.steady_writes == pytest.approx(50 / 0.6)
+    # 200 workers over 4 partitions: 50 renews of 1 unit every 0.594 s.
+    assert sessions.steady_writes == pytest.approx(50 / HEARTBEAT)
     # Plus the reap of the dead session during a takeover.
-    assert sessions.takeover_writes == pytest.approx(50 / 0.6 + 1)
-    # 200 workers list each partition every 0.6 s; 50 sessions of ~180 B: 3 blocks (1.5).
-    assert sessions.steady_reads == pytest.approx(200 / 0.6 * 1.5)
+    assert sessions.takeover_writes == pytest.approx(50 / HEARTBEAT + 1)
+    # 200 workers list each partition every 0.594 s; 50 sessions of ~180 B: 3 blocks (1.5).
+    assert sessions.steady_reads == pytest.approx(200 / HEARTBEAT * 1.5)
 
 
 def test_a_takeover_writes_each_by_owner_key_once_per_connection() -> None:
@@ -70,8 +71,8 @@ def test_100k_fits_and_1m_does_not() -> None:
 
 
 def test_connections_per_table() -> None:
-    # Writes: ceil(W / 4) / 0.6 < 500 -> at most 299 sessions a partition -> 1,196 workers.
-    assert connections_per_table(SCALE) == 1_196 * 500
+    # Writes: ceil(W / 4) / 0.594 < 500 -> at most 296 sessions a partition -> 1,184 workers.
+    assert connections_per_table(SCALE) == 1_184 * 500
     with_reads = connections_per_table(SCALE, reads=True)
     assert 100_000 <= with_reads < connections_per_table(SCALE)
     assert fits(replace(SCALE, connections=with_reads), reads=True)
@@ -109,7 +110,7 @@ def test_command_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
     printed = json.loads(lines[-1])
     assert printed["workers"] == 200
     assert printed["fits_writes"] is True
-    assert printed["connections_per_table"] == 598_000
+    assert printed["connections_per_table"] == 592_000
     assert printed["previous_design"]["connections_per_table"] == 2_500
     assert printed["hot_keys"][0]["key"] == "SESSIONS#n"
-    assert any("connections per table: 598,000" in line for line in lines)
+    assert any("connections per table: 592,000" in line for line in lines)
