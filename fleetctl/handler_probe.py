@@ -159,6 +159,7 @@ async def deliver(name: str, method: Callable[..., Any], payload: Any, seconds: 
             seq=seq,
             payload=payload,
             worker_id="check-handler",
+            seq_gen=0,
         )
 
     argument: Any = [delivery(1), delivery(2)] if name == "handle_batch" else delivery(1)

@@ -16,30 +16,36 @@ log = logging.getLogger(__name__)
 class Delivery:
     """One upstream message, fenced: a sink that keeps the highest ``epoch`` it has
     seen per connection can reject deliveries from a superseded lease holder, and
-    ``(connection_id, seq)`` identifies a message for de-duplication."""
+    ``(connection_id, seq_gen, seq)`` identifies a message for de-duplication."""
 
     connection_id: str
     epoch: int
     seq: int
     payload: Any
     worker_id: str
+    seq_gen: int = 0
+    """The connection's stream generation: a restart on a new stream (another URL or
+    protocol) starts its seqs again from 1 under a higher ``seq_gen``, so ``seq``
+    alone is unique only within one ``seq_gen``. Last, and 0 by default (a stream
+    never replaced), so deliveries made by hand before it existed, in a handler's
+    own tests, are still made the same way; the worker always sets it."""
 
 
-def _delivery_maker() -> Callable[[str, int, int, Any, str], Delivery]:
-    """``Delivery(connection_id, epoch, seq, payload, worker_id)`` for the per-message
-    path: the same frozen object, made by setting its slots directly instead of
-    through the generic ``object.__setattr__`` the frozen ``__init__`` uses per field
-    (about a third cheaper)."""
+def _delivery_maker() -> Callable[[str, int, int, Any, str, int], Delivery]:
+    """``Delivery(connection_id, epoch, seq, payload, worker_id, seq_gen)`` for the
+    per-message path: the same frozen object, made by setting its slots directly
+    instead of through the generic ``object.__setattr__`` the frozen ``__init__`` uses
+    per field (about a third cheaper)."""
     names = tuple(f.name for f in fields(Delivery))
-    if names != ("connection_id", "epoch", "seq", "payload", "worker_id"):
+    if names != ("connection_id", "epoch", "seq", "payload", "worker_id", "seq_gen"):
         raise TypeError(f"make_delivery does not know Delivery's fields {names}")
     new = object.__new__
-    set_id, set_epoch, set_seq, set_payload, set_worker = (
+    set_id, set_epoch, set_seq, set_payload, set_worker, set_seq_gen = (
         getattr(Delivery, name).__set__ for name in names
     )
 
     def make_delivery(
-        connection_id: str, epoch: int, seq: int, payload: Any, worker_id: str
+        connection_id: str, epoch: int, seq: int, payload: Any, worker_id: str, seq_gen: int
     ) -> Delivery:
         delivery: Delivery = new(Delivery)
         set_id(delivery, connection_id)
@@ -47,6 +53,7 @@ def _delivery_maker() -> Callable[[str, int, int, Any, str], Delivery]:
         set_seq(delivery, seq)
         set_payload(delivery, payload)
         set_worker(delivery, worker_id)
+        set_seq_gen(delivery, seq_gen)
         return delivery
 
     return make_delivery
@@ -97,6 +104,7 @@ class LogHandler:
             extra={
                 "connection_id": delivery.connection_id,
                 "epoch": delivery.epoch,
+                "seq_gen": delivery.seq_gen,
                 "seq": delivery.seq,
                 "payload": delivery.payload,
             },

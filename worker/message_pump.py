@@ -108,7 +108,9 @@ class MessagePump:
         read = self._read
         call = self._calls.call
         handled = self._handled
-        connection_id, epoch, worker_id = self._lease.connection_id, self._lease.epoch, s.worker_id
+        lease = self._lease
+        connection_id, epoch, seq_gen = lease.connection_id, lease.epoch, lease.seq_gen
+        worker_id = s.worker_id
         task = asyncio.current_task()
         assert task is not None
         async for data in ws:
@@ -125,7 +127,7 @@ class MessagePump:
                 if self._out_of_order(seq):
                     continue
                 return
-            delivery = make_delivery(connection_id, epoch, seq, payload, worker_id)
+            delivery = make_delivery(connection_id, epoch, seq, payload, worker_id, seq_gen)
             # The common case, inline: the call may start (ConnectionState.before_call
             # says GO exactly when now < go_until) and returns.
             if clock() < state.go_until:
@@ -154,7 +156,9 @@ class MessagePump:
         read = self._read
         call = self._calls.call
         handled = self._handled
-        connection_id, epoch, worker_id = self._lease.connection_id, self._lease.epoch, s.worker_id
+        lease = self._lease
+        connection_id, epoch, seq_gen = lease.connection_id, lease.epoch, lease.seq_gen
+        worker_id = s.worker_id
         buffered = ws.recv_messages.frames.queue
         task = asyncio.current_task()
         assert task is not None
@@ -176,7 +180,9 @@ class MessagePump:
                 # seq == last + 1 is Frame.NEXT; the state classifies the rest.
                 elif seq == last + 1 or self._takes(seq, last):
                     last = seq
-                    batch.append(make_delivery(connection_id, epoch, seq, payload, worker_id))
+                    batch.append(
+                        make_delivery(connection_id, epoch, seq, payload, worker_id, seq_gen)
+                    )
                 elif not self._out_of_order(seq, last):
                     leave = True
                     break

@@ -6,7 +6,8 @@ README.md (``json-field``, ``"payload": "/data"``) each delivery's ``payload`` i
 
     Delivery(connection_id="btc-eth", epoch=1, seq=42, worker_id="local-worker-2",
              payload={"symbol": "BTC-USD", "price": "64211.37", "size": "0.4182",
-                      "ts": 1767225604100})
+                      "ts": 1767225604100},
+             seq_gen=0)
 
 and the handler logs ``trade <connection_id> <epoch> <seq> <symbol> <price>`` (a JSON
 log line of the worker, with these fields on their own as well).
@@ -20,8 +21,8 @@ leaves no torn line.
 
 A real sink writes somewhere that outlives the worker, and is idempotent: it keeps
 the highest ``epoch`` it has seen per connection and refuses lower ones (a superseded
-owner), and de-duplicates on ``(connection_id, seq)`` (after a crash, up to a
-checkpoint interval of trades is delivered again).
+owner), and de-duplicates on ``(connection_id, seq_gen, seq)`` (after a crash, up
+to a checkpoint interval of trades is delivered again).
 """
 
 from __future__ import annotations

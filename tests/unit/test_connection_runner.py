@@ -726,10 +726,13 @@ async def test_a_healthy_upstream_is_read_on_one_connection_and_payloads_pass_th
     assert counts[m.UPSTREAM_RECONNECTS] == 0
     assert counts[m.MESSAGES_PROCESSED] == len(handler.finished) == outcome.last_seq
     first = handler.deliveries[0]
-    assert (first.connection_id, first.epoch, first.seq) == ("c1", EPOCH, 1)
+    assert (first.connection_id, first.epoch, first.seq_gen, first.seq) == ("c1", EPOCH, SEQ_GEN, 1)
     assert first.payload["seq"] == 1
     assert first.payload["feed"] == "runner"  # the upstream's JSON object, as sent
-    assert all(d.worker_id == "w-test" and d.epoch == EPOCH for d in handler.deliveries)
+    assert all(
+        d.worker_id == "w-test" and d.epoch == EPOCH and d.seq_gen == SEQ_GEN
+        for d in handler.deliveries
+    )
 
 
 async def test_pings_unreadable_frames_and_duplicates_do_not_leave_the_connection():

@@ -18,6 +18,7 @@ from websockets.asyncio.server import ServerConnection
 from tests.unit import test_connection_runner as runner_support
 from tests.unit.test_connection_runner import (
     EPOCH,
+    SEQ_GEN,
     FakeStore,
     feed_frame,
     make_runner,
@@ -89,7 +90,10 @@ async def test_every_message_once_in_order_in_batches_of_what_is_buffered(feed_u
     assert handler.batches() == handler.returned  # none called twice
     assert max(len(batch) for batch in handler.returned) > 1
     assert all(batch == list(range(batch[0], batch[-1] + 1)) for batch in handler.returned)
-    assert all(d.epoch == EPOCH and d.connection_id == "c1" for d in handler.deliveries)
+    assert all(
+        (d.connection_id, d.epoch, d.seq_gen, d.worker_id) == ("c1", EPOCH, SEQ_GEN, "w-test")
+        for d in handler.deliveries
+    )
     assert all(d.payload["seq"] == d.seq for d in handler.deliveries)
     assert outcome.last_seq == handled[-1]
     assert store.releases == [(EPOCH, handled[-1])]

@@ -1,0 +1,149 @@
+"""The sinks' pure decisions: requests within the count and byte limits, what is sent
+again after a partial failure, the record size check, the SQS deduplication id."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import pytest
+
+from worker.sinks.batch_rules import (
+    FIREHOSE_LIMITS,
+    KINESIS_LIMITS,
+    MIB,
+    SQS_LIMITS,
+    Limits,
+    RecordTooLargeError,
+    check_record_size,
+    deduplication_id,
+    first_request_length,
+    to_send_again,
+)
+
+SMALL = Limits("Test", max_count=3, max_bytes=10, max_record_bytes=10)
+
+
+def split(sizes: Sequence[int], limits: Limits) -> list[int]:
+    """The request lengths that send ``sizes`` when nothing is refused."""
+    lengths = []
+    rest = list(sizes)
+    while rest:
+        length = first_request_length(iter(rest), limits)
+        lengths.append(length)
+        rest = rest[length:]
+    return lengths
+
+
+@pytest.mark.parametrize(
+    ("sizes", "lengths"),
+    [
+        ([], []),
+        ([1], [1]),
+        ([1, 1, 1], [3]),
+        ([1, 1, 1, 1], [3, 1]),  # the count limit
+        ([1] * 7, [3, 3, 1]),
+        ([5, 5], [2]),  # exactly the byte limit
+        ([5, 5, 1], [2, 1]),
+        ([5, 6], [1, 1]),  # one byte over
+        ([10, 10, 10], [1, 1, 1]),  # records of the whole request size go alone
+        ([9, 1, 1], [2, 1]),
+        ([1, 9, 1], [2, 1]),
+    ],
+)
+def test_requests_take_records_in_order_up_to_either_limit(sizes, lengths):
+    assert split(sizes, SMALL) == lengths
+
+
+@pytest.mark.parametrize(
+    ("limits", "sizes", "lengths"),
+    [
+        (KINESIS_LIMITS, [100] * 1001, [500, 500, 1]),
+        (KINESIS_LIMITS, [MIB] * 6, [5, 1]),
+        (KINESIS_LIMITS, [MIB, MIB, MIB, MIB, MIB - 1, 2], [5, 1]),
+        (FIREHOSE_LIMITS, [MIB - 1] * 5, [4, 1]),
+        (SQS_LIMITS, [100] * 21, [10, 10, 1]),
+        (SQS_LIMITS, [128 * 1024, 128 * 1024, 1], [2, 1]),
+    ],
+)
+def test_the_services_limits(limits, sizes, lengths):
+    assert split(sizes, limits) == lengths
+
+
+def test_sizes_are_read_only_as_far_as_the_request_goes():
+    read = []
+
+    def sizes():
+        for size in [4, 4, 4, 4]:
+            read.append(size)
+            yield size
+
+    assert first_request_length(sizes(), SMALL) == 2
+    assert len(read) == 3  # the third, to find it does not fit; not the fourth
+
+
+@pytest.mark.parametrize(
+    ("keys", "failed", "in_order", "refused_only"),
+    [
+        ("aaa", [False, False, False], [], []),
+        ("aaa", [True, False, False], [0, 1, 2], [0]),
+        ("aaa", [False, True, False], [1, 2], [1]),
+        ("aaa", [False, False, True], [2], [2]),
+        ("aaa", [False, True, True], [1, 2], [1, 2]),
+        # Another connection's records go again only if one of its own was refused.
+        ("abab", [True, False, False, False], [0, 2], [0]),
+        ("abab", [False, True, False, False], [1, 3], [1]),
+        ("abab", [False, True, True, False], [1, 2, 3], [1, 2]),
+        ("aabb", [False, True, False, True], [1, 3], [1, 3]),
+        ("abcabc", [False, False, True, True, False, False], [2, 3, 5], [2, 3]),
+    ],
+)
+def test_what_is_sent_again_after_a_partial_failure(keys, failed, in_order, refused_only):
+    assert to_send_again(list(keys), failed, keep_order=True) == in_order
+    assert to_send_again(list(keys), failed, keep_order=False) == refused_only
+
+
+def test_keys_and_outcomes_must_match():
+    with pytest.raises(ValueError, match="2 keys but 1 outcomes"):
+        to_send_again(["a", "b"], [True], keep_order=True)
+
+
+@pytest.mark.parametrize(
+    ("size", "refused"),
+    [(MIB - 1, False), (MIB, False), (MIB + 1, True), (10 * MIB, True)],
+)
+def test_a_record_over_the_limit_is_refused_naming_the_message(size, refused):
+    if not refused:
+        check_record_size(KINESIS_LIMITS, "c-1", 2, 17, size)
+        return
+    with pytest.raises(RecordTooLargeError) as caught:
+        check_record_size(KINESIS_LIMITS, "c-1", 2, 17, size)
+    error = caught.value
+    assert (error.connection_id, error.seq_gen, error.seq, error.size) == ("c-1", 2, 17, size)
+    assert error.limit == MIB
+    assert str(error) == (
+        f"message 17 (seq_gen 2) of connection c-1 is {size:,} bytes as a Kinesis record, "
+        "over the limit of 1,048,576: not sent"
+    )
+
+
+def test_the_deduplication_id_names_the_message_within_sqs_rules():
+    ident = deduplication_id("btc-eth", 0, 42)
+    assert ident == deduplication_id("btc-eth", 0, 42)  # every copy, any worker
+    assert re.fullmatch(r"[0-9a-f]{64}", ident)
+    longest = deduplication_id("c" * 128, 2**63, 2**63)
+    assert len(longest) == 64
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        (("c", 0, 1), ("c", 0, 2)),
+        (("c", 0, 1), ("c", 1, 1)),
+        (("c", 0, 1), ("d", 0, 1)),
+        (("c", 1, 11), ("c", 11, 1)),
+        (("c1", 1, 1), ("c", 11, 1)),  # a plain concatenation would confuse these
+    ],
+)
+def test_different_messages_have_different_deduplication_ids(one, other):
+    assert deduplication_id(*one) != deduplication_id(*other)

@@ -1,0 +1,136 @@
+"""The record the built-in sinks write for each message, and how a consumer reads it.
+
+One envelope is one message of one connection, as compact JSON in UTF-8::
+
+    {"connection_id":"btc-eth","epoch":3,"seq_gen":0,"seq":42,"received_at":1767225604100,"payload":{...}}
+
+The keys are always these six, in this order. ``(connection_id, seq_gen, seq)`` names
+the message: the sinks are at-least-once, so a consumer drops an envelope whose name
+it has already seen. ``epoch`` is the lease epoch of the worker that sent it (a higher
+one means a later owner); ``received_at`` is the sending worker's wall clock, epoch
+milliseconds, when it handed the batch to the sink (informational: it differs between
+two copies of one message).
+
+This module is shared by the worker's sinks and by consumers, so it imports nothing
+of the worker.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Final
+
+from wsfleet.schema import is_valid_connection_id
+
+KEYS: Final = ("connection_id", "epoch", "seq_gen", "seq", "received_at", "payload")
+"""The keys of an envelope, in the order :meth:`Envelope.to_bytes` writes them."""
+
+_NUMBERS: Final = ("epoch", "seq_gen", "seq", "received_at")
+
+
+class EnvelopeError(ValueError):
+    """Bytes that are not an envelope, or an envelope that cannot be written; the
+    message says what is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    connection_id: str
+    epoch: int
+    seq_gen: int
+    seq: int
+    received_at_ms: int
+    payload: Any
+    """Any JSON value: the message as the connection's protocol decoded it."""
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """What names the message: equal for every copy of it, whoever sent it."""
+        return (self.connection_id, self.seq_gen, self.seq)
+
+    def to_bytes(self, *, ascii_only: bool = False) -> bytes:
+        """Compact JSON in UTF-8. Characters outside ASCII are written as themselves
+        (a third to half the size of ``\\u`` escapes for most scripts), unless
+        ``ascii_only`` or the payload holds a lone surrogate, which UTF-8 cannot
+        carry: then as escapes, which read back the same. NaN and the infinities are
+        refused (not JSON): :class:`EnvelopeError`, as for any value JSON cannot
+        hold."""
+        fields = {
+            "connection_id": self.connection_id,
+            "epoch": self.epoch,
+            "seq_gen": self.seq_gen,
+            "seq": self.seq,
+            "received_at": self.received_at_ms,
+            "payload": self.payload,
+        }
+        try:
+            if not ascii_only:
+                try:
+                    return _dumps(fields, ascii_only=False).encode()
+                except UnicodeEncodeError:
+                    pass
+            return _dumps(fields, ascii_only=True).encode("ascii")
+        except (TypeError, ValueError) as error:
+            raise EnvelopeError(
+                f"the payload of {self.connection_id} seq_gen {self.seq_gen} seq {self.seq} "
+                f"cannot be written as JSON: {error}"
+            ) from error
+
+    @classmethod
+    def from_bytes(cls, data: bytes | bytearray | memoryview) -> Envelope:
+        """The envelope ``data`` holds (surrounding whitespace, such as the newline
+        that ends each record of a Firehose object, is allowed). Raises
+        :class:`EnvelopeError` naming what is wrong."""
+        try:
+            text = bytes(data).decode("utf-8")
+        except TypeError:
+            raise EnvelopeError(f"an envelope is bytes, got {type(data).__name__}") from None
+        except UnicodeDecodeError as error:
+            raise EnvelopeError(f"an envelope is UTF-8: {error}") from None
+        try:
+            fields = json.loads(text, parse_constant=_no_constant)
+        except (json.JSONDecodeError, _NotJsonError) as error:
+            raise EnvelopeError(f"not JSON: {error}") from None
+        if not isinstance(fields, dict):
+            raise EnvelopeError(f"an envelope is a JSON object, got {type(fields).__name__}")
+        missing = [key for key in KEYS if key not in fields]
+        extra = sorted(set(fields) - set(KEYS))
+        if missing or extra:
+            raise EnvelopeError(
+                "envelope keys are "
+                + ", ".join(KEYS)
+                + (f"; missing: {', '.join(missing)}" if missing else "")
+                + (f"; unexpected: {', '.join(extra)}" if extra else "")
+            )
+        connection_id = fields["connection_id"]
+        if not is_valid_connection_id(connection_id):
+            raise EnvelopeError(
+                f"connection_id must be 1-128 characters of [A-Za-z0-9._:-], got {connection_id!r}"
+            )
+        for name in _NUMBERS:
+            value = fields[name]
+            # bool is an int in Python but true/false in JSON: not a number here.
+            if type(value) is not int or value < 0:
+                raise EnvelopeError(f"{name} must be an integer >= 0, got {value!r}")
+        return cls(
+            connection_id=connection_id,
+            epoch=fields["epoch"],
+            seq_gen=fields["seq_gen"],
+            seq=fields["seq"],
+            received_at_ms=fields["received_at"],
+            payload=fields["payload"],
+        )
+
+
+class _NotJsonError(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    # Python's json reads NaN and Infinity; JSON has neither.
+    raise _NotJsonError(f"{name} is not a JSON value")
+
+
+def _dumps(fields: dict[str, Any], *, ascii_only: bool) -> str:
+    return json.dumps(fields, separators=(",", ":"), ensure_ascii=ascii_only, allow_nan=False)
