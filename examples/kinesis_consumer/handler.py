@@ -1,0 +1,214 @@
+"""A Lambda consumer of the fleet's Kinesis sink: every message of every connection is
+written once to an output table, however often the stream carries it.
+
+Each record's data is one envelope (:mod:`wsfleet.envelope`). For each, in the order of
+the shard, :meth:`wsfleet.deduper.Deduper.transact` decides and, when the message is
+new and from a current owner, writes in the same transaction:
+
+- the message, ``(connection_id, "MSG#<seq_gen>#<seq>")``, zero-padded so a Query
+  returns a connection's messages in order;
+- one more on the connection's tally, ``(connection_id, "COUNT")``: an effect that is
+  not idempotent, right only because it happens exactly once.
+
+A copy (a redelivery after a crash of a worker, or this function's own retry) and a
+superseded owner's late record write nothing; both are counted in the batch's log line.
+A seq the sink landed after a higher one (it does, after a partly refused request) is
+written when it comes, counted as late.
+
+Failures follow Lambda's partial batch response: a record that fails (throttling, a
+timeout, an item DynamoDB refuses) is reported as the batch's only failure and
+nothing after it is tried, so Lambda gives it and every later record of the shard
+again, in order. Going on past it would give up the order: a later seq of the same
+connection applied first leaves the failed one to come back late, or to be taken for a
+copy once more than the deduper's horizon (500 seqs) went by. A record that is
+no envelope is logged with its sequence number and passed over: it would fail every
+time, and must not hold the shard up.
+
+The Lambda runs this file as the module ``handler`` next to a copy of ``wsfleet``
+(``construct.py`` stages the two), with ``DEDUP_TABLE`` and ``OUTPUT_TABLE`` set.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Any, Final
+
+import boto3
+from botocore.config import Config
+
+from wsfleet.deduper import Decision, Deduper
+from wsfleet.envelope import Envelope, EnvelopeError
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+
+DEDUP_TABLE_ENV: Final = "DEDUP_TABLE"
+OUTPUT_TABLE_ENV: Final = "OUTPUT_TABLE"
+OUTPUT_PARTITION_KEY: Final = "connection_id"
+OUTPUT_SORT_KEY: Final = "item"
+COUNT_ITEM: Final = "COUNT"
+# A timeout well inside the function's: botocore retries a transaction whose answer was
+# lost with the same ClientRequestToken, which DynamoDB does not run twice.
+CLIENT_CONFIG: Final = Config(
+    connect_timeout=2, read_timeout=5, retries={"mode": "standard", "max_attempts": 3}
+)
+
+log = logging.getLogger(__name__)
+
+
+def message_item_key(seq_gen: int, seq: int) -> str:
+    return f"MSG#{seq_gen:020d}#{seq:020d}"
+
+
+@dataclass(slots=True)
+class BatchTally:
+    applied: int = 0
+    skipped: int = 0
+    refused: int = 0
+    malformed: int = 0
+    late: int = 0
+    """Of those applied: seqs a gap had jumped over, applied after higher ones."""
+    gaps: int = 0
+    """Applied messages that jumped over seqs of their stream."""
+    jumped: int = 0
+    """Seqs jumped over by those gaps (applied if they come later)."""
+
+
+class KinesisConsumer:
+    """One batch of Kinesis records at a time (:meth:`handle`); the clients and tables
+    are passed in, so tests run it against DynamoDB Local."""
+
+    def __init__(
+        self,
+        deduper: Deduper,
+        output_table: str,
+        *,
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self._deduper = deduper
+        self._output = output_table
+        self._clock_ms = clock_ms
+
+    def handle(self, event: Mapping[str, Any]) -> dict[str, list[dict[str, str]]]:
+        """The partial batch response: empty, or the sequence number of the first
+        record that failed."""
+        tally = BatchTally()
+        failures: list[dict[str, str]] = []
+        for record in event.get("Records", []):
+            number = str(record["kinesis"]["sequenceNumber"])
+            try:
+                data = base64.b64decode(record["kinesis"]["data"], validate=True)
+                envelope = Envelope.from_bytes(data)
+                outcome = self._deduper.transact(envelope, self.effects(envelope, number))
+            except (EnvelopeError, binascii.Error) as error:
+                tally.malformed += 1
+                log.error("record %s is no envelope, passed over: %s", number, error)
+                continue
+            except Exception:
+                log.exception("record %s failed: it and every later record come again", number)
+                failures.append({"itemIdentifier": number})
+                break
+            if outcome.decision is Decision.APPLY:
+                tally.applied += 1
+                tally.late += outcome.late
+                if outcome.gap:
+                    tally.gaps += 1
+                    tally.jumped += outcome.gap
+                    log.warning(
+                        "%s: seq_gen %d seq %d jumped over %d seqs (record %s)",
+                        envelope.connection_id,
+                        envelope.seq_gen,
+                        envelope.seq,
+                        outcome.gap,
+                        number,
+                    )
+            elif outcome.decision is Decision.SKIP:
+                tally.skipped += 1
+            else:
+                tally.refused += 1
+                stored_epoch = outcome.stored.epoch if outcome.stored else None
+                log.warning(
+                    "%s: refused seq_gen %d seq %d of epoch %d, superseded by epoch %s (record %s)",
+                    envelope.connection_id,
+                    envelope.seq_gen,
+                    envelope.seq,
+                    envelope.epoch,
+                    stored_epoch,
+                    number,
+                )
+        log.info(
+            "batch of %d: applied %d (late %d), skipped %d, refused %d, malformed %d, "
+            "gaps %d (%d seqs jumped over)%s",
+            len(event.get("Records", [])),
+            tally.applied,
+            tally.late,
+            tally.skipped,
+            tally.refused,
+            tally.malformed,
+            tally.gaps,
+            tally.jumped,
+            f", failed at {failures[0]['itemIdentifier']}" if failures else "",
+        )
+        return {"batchItemFailures": failures}
+
+    def effects(self, envelope: Envelope, sequence_number: str) -> list[dict[str, Any]]:
+        """The writes of one applied message: the message and its connection's tally."""
+        cid = {"S": envelope.connection_id}
+        payload = json.dumps(envelope.payload, separators=(",", ":"), ensure_ascii=False)
+        return [
+            {
+                "Put": {
+                    "TableName": self._output,
+                    "Item": {
+                        OUTPUT_PARTITION_KEY: cid,
+                        OUTPUT_SORT_KEY: {"S": message_item_key(envelope.seq_gen, envelope.seq)},
+                        "epoch": {"N": str(envelope.epoch)},
+                        "seq_gen": {"N": str(envelope.seq_gen)},
+                        "seq": {"N": str(envelope.seq)},
+                        "received_at_ms": {"N": str(envelope.received_at_ms)},
+                        "payload": {"S": payload},
+                        "kinesis_sequence_number": {"S": sequence_number},
+                        "written_at_ms": {"N": str(self._clock_ms())},
+                    },
+                }
+            },
+            {
+                "Update": {
+                    "TableName": self._output,
+                    "Key": {OUTPUT_PARTITION_KEY: cid, OUTPUT_SORT_KEY: {"S": COUNT_ITEM}},
+                    "UpdateExpression": "ADD #messages :one SET #gen = :gen, #seq = :seq",
+                    "ExpressionAttributeNames": {
+                        "#messages": "messages",
+                        "#gen": "last_seq_gen",
+                        "#seq": "last_seq",
+                    },
+                    "ExpressionAttributeValues": {
+                        ":one": {"N": "1"},
+                        ":gen": {"N": str(envelope.seq_gen)},
+                        ":seq": {"N": str(envelope.seq)},
+                    },
+                }
+            },
+        ]
+
+
+@cache
+def consumer() -> KinesisConsumer:
+    """The function's consumer, made once per execution environment."""
+    client: DynamoDBClient = boto3.client("dynamodb", config=CLIENT_CONFIG)
+    return KinesisConsumer(
+        Deduper(client, os.environ[DEDUP_TABLE_ENV]), os.environ[OUTPUT_TABLE_ENV]
+    )
+
+
+def handler(event: Mapping[str, Any], context: object) -> dict[str, list[dict[str, str]]]:
+    """The Lambda entry point (``handler.handler``)."""
+    return consumer().handle(event)
