@@ -350,7 +350,10 @@ class Fleet:
             failover_bound=self.timing.crash_failover_bound(),
         )
         self.feeds = upstreams.Feeds(
-            self.world.loop("upstreams"), self.network, accepted=self._accepted
+            self.world.loop("upstreams"),
+            self.network,
+            accepted=self._accepted,
+            closed=self._closed,
         )
         self.router = Router(self)
         self.processes: list[WorkerProcess] = []
@@ -378,6 +381,10 @@ class Fleet:
     def _accepted(self, path: str, peer: str) -> None:
         connection_id, _, _ = path.rpartition("-s")
         self.monitor.streaming(connection_id, peer)
+
+    def _closed(self, path: str, peer: str) -> None:
+        connection_id, _, _ = path.rpartition("-s")
+        self.monitor.stream_closed(connection_id, peer)
 
     def new_link(self) -> Link:
         rng = self.rng

@@ -81,6 +81,9 @@ class _Connection:
     last_worker: str | None = None
     streamed_by: str | None = None
     """The worker that last opened its upstream stream."""
+    stuck_in: set[str] = field(default_factory=set)
+    """Workers that had a call of it that ignored cancellation: their runner cannot
+    end (nor close its socket) before the handler returns, which no fence can force."""
     deliveries: int = 0
     first_handled: dict[str, dict[int, tuple[float, str, int]]] = field(default_factory=dict)
     """By stream and seq: when its first handling call started, the worker, the epoch."""
@@ -310,9 +313,11 @@ class Monitor:
     def ignores_cancellation(self, worker: str, connection_id: str) -> None:
         """The call in flight will not end when cancelled (a handler's bug the fleet
         cannot fence: only the epoch on each delivery can, docs/DESIGN.md §3.8)."""
-        call = self._connection(connection_id).calls.get(worker)
+        connection = self._connection(connection_id)
+        call = connection.calls.get(worker)
         if call is not None:
             call.uncancellable = True
+            connection.stuck_in.add(worker)
 
     def run_by(self, worker: str) -> list[str]:
         """The STARTED connections ``worker`` delivered last, sorted."""
@@ -380,6 +385,31 @@ class Monitor:
         """``worker``'s runner has the connection's upstream stream open."""
         self._connection(connection_id).streamed_by = worker
         self.failovers.streaming(connection_id, worker, self.now())
+
+    def stream_closed(self, connection_id: str, worker: str) -> None:
+        """``worker``'s upstream stream of the connection ended: a stop must have
+        closed it within the stop bound (invariant 4, judged by the socket itself, so
+        that a slow stop is seen however rarely the feed sends, and excused only by
+        what disturbed that worker)."""
+        now = self.now()
+        connection = self._connection(connection_id)
+        stopped = connection.stopped_at
+        if worker in connection.stuck_in:
+            connection.stuck_in.discard(worker)
+            return
+        # Only what touched that worker (or every worker) excuses a late close: a fault
+        # elsewhere in the fleet does not slow this worker's reading of its notices.
+        if (
+            stopped is not None
+            and now > stopped + self._stop_bound
+            and self._undisturbed(worker, stopped, now)
+        ):
+            self._violated(
+                connection_id,
+                4,
+                f"{connection_id}: {worker} closed its upstream {now - stopped:.3f} s after"
+                " its stop",
+            )
 
     def _window_disturbed(self, connection_id: str, start: float, end: float) -> bool:
         """Whether anything but the crash at ``start`` touched the fleet, or this

@@ -58,10 +58,14 @@ class Feeds:
         network: Network,
         *,
         accepted: Callable[[str, str], None] | None = None,
+        closed: Callable[[str, str], None] | None = None,
     ) -> None:
-        """``accepted(path, peer)``: a client's subscription to a stream was accepted."""
+        """``accepted(path, peer)``: a client's subscription to a stream was accepted;
+        ``closed(path, peer)``: that subscription ended (the client's close frame
+        arrived, or the connection was lost), once per subscription."""
         self.loop = loop
         self.accepted = accepted
+        self.closed = closed
         self.streams: dict[str, Stream] = {}
         network.listen(HOST, PORT, loop, lambda: FeedConnection(self))
 
@@ -117,6 +121,8 @@ class FeedConnection(asyncio.Protocol):
         self._stream: Stream | None = None
         self._sender: asyncio.Task[None] | None = None
         self._live = False
+        self._subscribed: tuple[str, str] | None = None
+        """(path, peer) once accepted, until ``Feeds.closed`` was told."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -129,6 +135,7 @@ class FeedConnection(asyncio.Protocol):
                 self._loop.create_task(self._handshake(event))
             elif isinstance(event, Frame) and event.opcode is Opcode.CLOSE:
                 self._stop_sending()
+                self._ended()
         self._flush()
 
     def eof_received(self) -> bool | None:
@@ -138,8 +145,14 @@ class FeedConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_sending()
+        self._ended()
         if self._stream is not None:
             self._stream.connections.discard(self)
+
+    def _ended(self) -> None:
+        subscribed, self._subscribed = self._subscribed, None
+        if subscribed is not None and self._feeds.closed is not None:
+            self._feeds.closed(*subscribed)
 
     def abort(self) -> None:
         self._stop_sending()
@@ -198,8 +211,10 @@ class FeedConnection(asyncio.Protocol):
         self._flush()
         self._stream = stream
         stream.connections.add(self)
+        peer = transport.get_extra_info("peername")[0]
+        self._subscribed = (path, peer)
         if self._feeds.accepted is not None:
-            self._feeds.accepted(path, transport.get_extra_info("peername")[0])
+            self._feeds.accepted(path, peer)
         self._live = bool(query.get("live"))
         first = int(query.get("from_seq", "1"))
         self._sender = self._loop.create_task(self._send_from(stream, max(first, 1)))

@@ -173,3 +173,56 @@ def test_darkness_while_the_fleet_is_still_short_of_room_is_excused() -> None:
     clock.now = 140.0
     call(m, "w2", 2, 3)
     assert invariants(m) == [3]
+
+
+def test_an_upstream_closed_after_the_stop_bound_breaks_invariant_4() -> None:
+    clock = Clock(10.0)
+    m = monitor(clock)
+    m.started("c1")
+    m.streaming("c1", "w1")
+    call(m, "w1", 1, 1)
+    m.stopped("c1")
+    clock.now = 11.5  # within the 1.6 s bound
+    m.stream_closed("c1", "w1")
+    assert invariants(m) == []
+    m.started("c1")
+    m.streaming("c1", "w1")
+    clock.now = 12.0
+    m.stopped("c1")
+    clock.now = 14.0  # 2 s after the stop, no delivery in between
+    m.stream_closed("c1", "w1")
+    assert invariants(m) == [4]
+
+
+def test_a_late_close_is_excused_only_by_a_fault_of_its_worker() -> None:
+    clock = Clock(10.0)
+    m = monitor(clock)
+    m.started("c1")
+    m.streaming("c1", "w1")
+    m.stopped("c1")
+    m.disturbance(10.5, 14.0)
+    m.worker_disturbed("w2", 10.5, 14.0)  # another worker's fault does not excuse it
+    clock.now = 15.0
+    m.stream_closed("c1", "w1")
+    assert invariants(m) == [4]
+    m.started("c1")
+    m.streaming("c1", "w1")
+    m.stopped("c1")
+    m.worker_disturbed("w1", 15.5, 18.0)  # the owner partitioned, say
+    clock.now = 19.0
+    m.stream_closed("c1", "w1")
+    assert invariants(m) == [4]
+
+
+def test_a_late_close_after_a_call_that_ignored_cancellation_is_excused() -> None:
+    clock = Clock(10.0)
+    m = monitor(clock)
+    m.started("c1")
+    m.streaming("c1", "w1")
+    m.call_started("w1", "c1", 1, "s0", 1, 1)
+    m.ignores_cancellation("w1", "c1")
+    m.stopped("c1")
+    clock.now = 20.0
+    m.call_ended("w1", "c1", returned=True)
+    m.stream_closed("c1", "w1")
+    assert invariants(m) == []
