@@ -13,6 +13,7 @@ from typing import Final
 
 from local_stack import services
 from local_stack.services import LOOPBACK
+from local_stack.sink import SINKS, Sink
 from websocket_fleet.errors import FleetOptionsError
 from websocket_fleet.handler import WorkerHandler
 from worker.config import ConfigError, timing_from_env
@@ -64,6 +65,9 @@ class Options:
     """A handler directory the workers run ``handler`` from, as the worker image does:
     on their path, with its requirements installed next to the worker's pins in a
     virtualenv of its own (:attr:`handler_venv`)."""
+    sink: Sink | None = None
+    """A built-in sink the workers write every message to, on the local servers, with
+    a consumer that takes each message once (:mod:`local_stack.sink`)."""
 
     @property
     def handler_venv(self) -> Path:
@@ -199,7 +203,16 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "workers run --handler from, as the worker image would: its requirements go into "
         "a virtualenv of their own with the worker's pins (STATE_DIR/handler-venv)",
     )
+    parser.add_argument(
+        "--sink",
+        choices=SINKS,
+        help="the workers write every message to this built-in sink (kinesis: a stream in "
+        "moto), and a consumer process takes each one once through the deduper, printing "
+        "one line per message applied (STATE_DIR/logs/sink-consumer.log)",
+    )
     args = parser.parse_args(argv)
+    if args.sink is not None and (args.handler is not None or args.handler_dir is not None):
+        parser.error("--sink sets the workers' handler: give --sink or --handler, not both")
     if args.handler_dir is not None:
         if args.handler is None:
             parser.error("--handler-dir needs --handler, the factory (pkg.module:factory)")
@@ -218,6 +231,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         base_port=args.base_port,
         handler=args.handler,
         handler_dir=None if args.handler_dir is None else args.handler_dir.resolve(),
+        sink=args.sink,
     )
 
 

@@ -55,6 +55,11 @@ class Endpoints:
         """Secrets Manager: the same moto server as SQS."""
         return self.sqs
 
+    @property
+    def kinesis(self) -> str:
+        """Kinesis (the stream of ``--sink kinesis``): the same moto server as SQS."""
+        return self.sqs
+
     @classmethod
     def on_ports(cls, dynamodb_port: int, moto_port: int) -> Endpoints:
         return cls(services.endpoint_url(dynamodb_port), services.endpoint_url(moto_port))

@@ -10,7 +10,9 @@ Order of things:
    the demo secret ``websocket-fleet/demo-feed`` (the feed's key for this run) are
    created, and the router's Lambda handler is served on the API port
    (:mod:`local_stack.api_server`) with ``ws://``, loopback upstreams and secrets under
-   ``websocket-fleet/`` allowed.
+   ``websocket-fleet/`` allowed. With ``--sink kinesis``, also the stream
+   ``websocket-fleet-envelopes`` in moto and the dedup table ``websocket-fleet-dedup``,
+   and the consumer that reads the one into the other (:mod:`local_stack.sink`).
 3. N ``python -m worker`` processes start, also in their own sessions, configured
    through the environment exactly as a deployment configures them. With
    ``--handler-dir DIR --handler pkg.mod:factory`` they run that handler directory as
@@ -50,6 +52,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from fleetctl import check_handler, render
 from fleetctl import client as fleet_api
 from local_stack import fleet_view, services
+from local_stack import sink as local_sink
 from local_stack.clock import now_ms
 from local_stack.fleet import Deployment, scan_raw
 from local_stack.options import (
@@ -134,6 +137,10 @@ class LocalStack:
         self._info: list[str] = []
         self._reported_dead: set[str] = set()
         self._stdout_open = True
+        self._consumer: ManagedProcess | None = None
+        """The sink consumer, with ``--sink``."""
+        self._consumer_read = 0
+        self._tally: str | None = None
         self._demo_key = secrets.token_urlsafe(18)
         """The demo feed's key for this run (require_key=1 streams), also held by the
         demo secret; never printed."""
@@ -215,9 +222,14 @@ class LocalStack:
             self._servers.append(services.start_dynamodb_local(self.ports.dynamodb, log_dir))
         if self.stops.requested():
             return
-        self._say(f"starting moto (SQS, CloudWatch) on {services.endpoint_url(self.ports.moto)}")
+        services_of_moto = "SQS, CloudWatch" + (", Kinesis" if self.options.sink else "")
+        self._say(f"starting moto ({services_of_moto}) on {services.endpoint_url(self.ports.moto)}")
         with self.stops.abortable():
-            self._servers.append(services.start_moto_server(self.ports.moto, log_dir))
+            self._servers.append(
+                services.start_moto_server(
+                    self.ports.moto, log_dir, kinesis=self.options.sink is not None
+                )
+            )
         if self.stops.requested():
             return
         self._say(f"starting the demo feed on ws://{LOOPBACK}:{self.ports.feed}")
@@ -231,8 +243,9 @@ class LocalStack:
             return
 
         lease = self.options.lease_seconds
+        endpoints = Endpoints.on_ports(self.ports.dynamodb, self.ports.moto)
         deployment = self.deployment = Deployment(
-            Endpoints.on_ports(self.ports.dynamodb, self.ports.moto),
+            endpoints,
             log_dir,
             table=TABLE_NAME,
             queue=QUEUE_NAME,
@@ -243,6 +256,7 @@ class LocalStack:
                 # None: the worker's own default, whatever this shell sets.
                 worker_settings.LEASE_SECONDS: None if lease is None else repr(lease),
                 **handler_settings(self.options),
+                **(local_sink.worker_settings_for(endpoints) if self.options.sink else {}),
             },
             client_config=_CLIENT_CONFIG,
             worker_python=worker_python(self.options),
@@ -253,6 +267,10 @@ class LocalStack:
         deployment.create_demo_secret(self._demo_key)
         if self.stops.requested():
             return
+        if self.options.sink is not None:
+            self._start_sink(endpoints)
+            if self.stops.requested():
+                return
         self._say(f"starting the router API on {self._api_url}")
         with self.stops.abortable():
             deployment.start_router(self.ports.api)
@@ -273,6 +291,47 @@ class LocalStack:
         self._info = self._describe(time.monotonic() - started)
         for line in self._info:
             self._say(line)
+
+    def _start_sink(self, endpoints: Endpoints) -> None:
+        """The stream in moto, and the consumer reading it into the dedup table (which
+        it creates), stopped with the servers, after the workers: it reads what they
+        wrote last before it exits."""
+        kinesis = services.local_client("kinesis", endpoints.kinesis, config=_CLIENT_CONFIG)
+        try:
+            local_sink.create_stream(kinesis)
+        finally:
+            kinesis.close()
+        self._say(
+            f"starting the sink consumer on {local_sink.STREAM_NAME} "
+            f"(dedup table {local_sink.DEDUP_TABLE})"
+        )
+        with self.stops.abortable():
+            self._consumer = services.start_sink_consumer(
+                self.options.log_dir,
+                local_sink.consumer_env(os.environ, endpoints),
+                stream=local_sink.STREAM_NAME,
+                dedup_table=local_sink.DEDUP_TABLE,
+            )
+            self._servers.append(self._consumer)
+
+    def _sink_tally(self) -> str | None:
+        """The consumer's last ``tally`` line, if it printed one. Its log is read on
+        from where the last call stopped: a busy consumer's tally lines are far apart."""
+        if self._consumer is None:
+            return self._tally
+        try:
+            with self._consumer.log_path.open("rb") as log:
+                log.seek(self._consumer_read)
+                chunk = log.read()
+        except OSError:
+            return self._tally
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self._consumer_read += len(complete)
+        for line in reversed(complete.decode(errors="replace").splitlines()):
+            if line.startswith("tally "):
+                self._tally = line
+                break
+        return self._tally
 
     @property
     def _api_url(self) -> str:
@@ -300,6 +359,14 @@ class LocalStack:
         connections = (
             "none" if count == 0 else ("demo-1" if count == 1 else f"demo-1..demo-{count}")
         )
+        sink = []
+        if self.options.sink is not None and self._consumer is not None:
+            sink = [
+                f"sink: {self.options.sink}, every message into the stream "
+                f"{local_sink.STREAM_NAME} ({local_sink.SHARDS} shards, moto); the consumer "
+                f"applies each once (dedup table {local_sink.DEDUP_TABLE}): "
+                f"grep '^applied ' {self._consumer.log_path}",
+            ]
         return [
             f"local stack up in {startup_s:.1f} s",
             # One machine-readable line: tests and scripts take the ports from here.
@@ -310,6 +377,7 @@ class LocalStack:
             f"{lease.heartbeat:g} s) | connections: {connections} at "
             f"{format_number(self.options.rate)} msg/s each",
             f"logs: {self.options.log_dir} (worker-<i>.log, and one per server)",
+            *sink,
             f"credentials: the secret {DEMO_SECRET} holds the demo feed's {DEMO_KEY_HEADER} "
             f"for streams with require_key=1 (start them with "
             f'"auth": {{"secret": "{DEMO_SECRET}"}})',
@@ -369,11 +437,14 @@ class LocalStack:
                 reason = f"--duration {format_number(self.options.duration or 0.0)} s elapsed"
                 break
             notes = self._deaths(live)
+            tally = self._sink_tally()
             views, error = self._scan()
             statuses = self._worker_statuses()
             if live:
                 if views is None:
                     notes.append(f"! {error}")
+                if tally is not None:
+                    notes.insert(0, f"sink consumer: {tally}")
                 body = [] if views is None else fleet_view.render_lines(views, statuses)
                 self._draw(tick - began, notes, body)
             elif tick >= next_summary:
@@ -382,7 +453,8 @@ class LocalStack:
                     self._say(f"! {error}")
                 else:
                     up = _duration(tick - began)
-                    self._say(f"[{up}] {fleet_view.summary(views, statuses)}")
+                    sunk = "" if tally is None else f" | sink consumer: {tally}"
+                    self._say(f"[{up}] {fleet_view.summary(views, statuses)}{sunk}")
             wake = tick + REFRESH_S if deadline is None else min(tick + REFRESH_S, deadline)
             while not self.stops.requested() and time.monotonic() < wake:
                 time.sleep(min(_POLL_S * 2, max(0.0, wake - time.monotonic())))
@@ -418,6 +490,9 @@ class LocalStack:
         finally:
             for server in reversed(self.servers):
                 clean = self._stop_server(server) and clean
+            tally = self._sink_tally()
+            if tally is not None:
+                self._say(f"sink consumer: {tally}")
             if self.deployment is not None:
                 self.deployment.close_clients()
         if self.servers or self.workers:

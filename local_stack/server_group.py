@@ -26,10 +26,15 @@ class LocalServers:
     :meth:`close` stops every deployment's workers and router, then the feeds, moto
     and DynamoDB Local (docs/DESIGN.md §7), on every way out, Ctrl-C included."""
 
-    def __init__(self, work_dir: Path, *, feeds: int = 1, feed_rate: float = 5.0) -> None:
+    def __init__(
+        self, work_dir: Path, *, feeds: int = 1, feed_rate: float = 5.0, kinesis: bool = False
+    ) -> None:
+        """``kinesis``: a sink writes to moto's Kinesis
+        (:func:`~local_stack.services.start_moto_server`)."""
         self.work_dir = work_dir
         self._feed_count = feeds
         self._feed_rate = feed_rate
+        self._kinesis = kinesis
         self._servers: list[ManagedProcess] = []
         """In start order: DynamoDB Local, moto, the feeds."""
         self.deployments: list[Deployment] = []
@@ -64,7 +69,9 @@ class LocalServers:
         with ThreadPoolExecutor(max_workers=2 + self._feed_count) as pool:
             futures: list[Future[ManagedProcess]] = [
                 pool.submit(services.start_dynamodb_local, ddb_port, self.log_dir),
-                pool.submit(services.start_moto_server, moto_port, self.log_dir),
+                pool.submit(
+                    services.start_moto_server, moto_port, self.log_dir, kinesis=self._kinesis
+                ),
                 *(
                     pool.submit(services.start_feed, port, self.log_dir, self._feed_rate)
                     for port in feed_ports

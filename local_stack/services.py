@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import boto3
 from botocore.config import Config
@@ -310,17 +310,24 @@ def start_dynamodb_local(
     return managed
 
 
-def start_moto_server(port: int, log_dir: Path, timeout: float = 30.0) -> ManagedProcess:
+def start_moto_server(
+    port: int, log_dir: Path, timeout: float = 30.0, *, kinesis: bool = False
+) -> ManagedProcess:
     """Start moto's server (SQS, CloudWatch and the rest) on ``127.0.0.1:port``.
 
-    Returns once the port accepts TCP and SQS answers ``list_queues``. Failures raise
-    as for :func:`start_dynamodb_local`, with the process stopped.
+    ``kinesis``: a sink writes to it, so it runs as :mod:`local_stack.moto_server`,
+    whose Kinesis takes one request at a time (moto's own loses records written at
+    once to one shard). Returns once the port accepts TCP and SQS answers
+    ``list_queues``. Failures raise as for :func:`start_dynamodb_local`, with the
+    process stopped.
     """
     _refuse_busy_port(port)
+    module = "local_stack.moto_server" if kinesis else "moto.server"
     managed = _launch(
         f"moto-{port}",
-        [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(port)],
+        [sys.executable, "-m", module, "-H", LOOPBACK, "-p", str(port)],
         log_dir,
+        cwd=REPO_ROOT if kinesis else None,
     )
     client = _sqs_client(port)
 
@@ -399,4 +406,51 @@ def start_router(
         env={**env, "PYTHONUNBUFFERED": "1"},
     )
     _await_ready(managed, lambda: accepts_tcp(port), timeout, "accept TCP")
+    return managed
+
+
+SINK_CONSUMER_READY: Final = "sink consumer: stream "
+"""The first line :mod:`local_stack.sink_consumer` prints, once it has listed the shards."""
+
+
+def start_sink_consumer(
+    log_dir: Path,
+    env: Mapping[str, str],
+    *,
+    stream: str,
+    dedup_table: str,
+    repo_root: Path = REPO_ROOT,
+    timeout: float = 30.0,
+) -> ManagedProcess:
+    """Start ``python -m local_stack.sink_consumer`` on ``stream`` with ``env`` (its
+    endpoints), creating ``dedup_table`` unless it exists; returns once it reads the
+    stream. Its output (``applied ...`` and ``tally ...`` lines) goes to
+    ``<log_dir>/sink-consumer.log``. Failures raise as for
+    :func:`start_dynamodb_local`."""
+    managed = _launch(
+        "sink-consumer",
+        [
+            sys.executable,
+            "-m",
+            "local_stack.sink_consumer",
+            "--stream",
+            stream,
+            "--dedup-table",
+            dedup_table,
+            "--create-table",
+        ],
+        log_dir,
+        cwd=repo_root,
+        env=env,
+    )
+
+    def reading() -> bool:
+        # The head of the log: the line may have scrolled out of the tail by now.
+        try:
+            with managed.log_path.open("rb") as log:
+                return SINK_CONSUMER_READY.encode() in log.read(_LOG_TAIL_BYTES)
+        except OSError:
+            return False
+
+    _await_ready(managed, reading, timeout, "read the stream")
     return managed

@@ -4,11 +4,13 @@ options of its :class:`websocket_fleet.WebSocketFleet`.
 Layers, later ones win: the construct's defaults (production values), the block of
 the selected environment in ``fleet:environments`` (``cdk.json``), then single-key
 overrides ``-c fleet:<key>=<value>`` on the command line (``workerSettings``,
-``handlerDir``, ``workerHandler`` and ``handlerEnvironment`` are also read without the
-``fleet:`` prefix). The
+``handlerDir``, ``workerHandler``, ``handlerEnvironment`` and ``sink`` are also read
+without the ``fleet:`` prefix). The
 environment is chosen with ``-c fleet:environment=<name>`` (default ``prod``). Values
 are converted here; the construct validates them (the same rules for its users), and
 a bad one fails the synth with a message that names the context key.
+``stackName`` and ``sink`` are the stack's own: ``sink=kinesis`` makes the stack
+create a stream and give it to the construct (``WorkerHandler.kinesis``).
 docs/DEPLOY.md lists every key.
 """
 
@@ -34,7 +36,11 @@ ENVIRONMENT_KEY: Final = "fleet:environment"
 ENVIRONMENTS_KEY: Final = "fleet:environments"
 OVERRIDE_PREFIX: Final = "fleet:"
 DEFAULT_ENVIRONMENT: Final = "prod"
-BARE_KEYS: Final = ("workerSettings", "handlerDir", "workerHandler", "handlerEnvironment")
+SINK_KEY: Final = "sink"
+SINKS: Final = ("kinesis",)
+"""What ``sink`` takes: the stack creates the destination, so only one it can make
+whole (a Firehose stream would need a bucket and a role of its own)."""
+BARE_KEYS: Final = ("workerSettings", "handlerDir", "workerHandler", "handlerEnvironment", SINK_KEY)
 """Keys also read as ``-c key=value``, without the ``fleet:`` prefix."""
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,62}$")
 
@@ -50,6 +56,9 @@ class FleetSettings:
     """``WebSocketFleet-<environment>`` unless set."""
     options: FleetOptions
     """The construct's options, with the stack's defaults filled in and validated."""
+    sink: str | None = None
+    """A built-in sink whose destination the stack creates (:data:`SINKS`); then
+    ``options.handler`` is None and the stack sets the handler."""
 
 
 def settings_from_context(node: Node) -> FleetSettings:
@@ -59,7 +68,7 @@ def settings_from_context(node: Node) -> FleetSettings:
     if environment not in environments and environment != DEFAULT_ENVIRONMENT:
         raise SettingsError(f"{ENVIRONMENT_KEY}={environment!r} is not in {ENVIRONMENTS_KEY}")
     values = dict(environments.get(environment) or {})
-    for key in _KEYS:
+    for key in (*_KEYS, SINK_KEY):
         prefixed = node.try_get_context(OVERRIDE_PREFIX + key)
         bare = node.try_get_context(key) if key in BARE_KEYS else None
         if prefixed is not None and bare is not None and prefixed != bare:
@@ -72,10 +81,11 @@ def settings_from_context(node: Node) -> FleetSettings:
 
 def build_settings(environment: str, values: Mapping[str, Any]) -> FleetSettings:
     """Convert and validate one environment's camelCase values."""
-    unknown = sorted(set(values) - set(_KEYS) - {"stackName"})
+    stack_keys = {"stackName", SINK_KEY}
+    unknown = sorted(set(values) - set(_KEYS) - stack_keys)
     if unknown:
         raise SettingsError(
-            f"unknown fleet setting(s) {unknown}; known: {sorted([*_KEYS, 'stackName'])}"
+            f"unknown fleet setting(s) {unknown}; known: {sorted([*_KEYS, *stack_keys])}"
         )
     if not _NAME.fullmatch(environment):
         raise SettingsError(
@@ -87,9 +97,10 @@ def build_settings(environment: str, values: Mapping[str, Any]) -> FleetSettings
         raise SettingsError(
             f"invalid fleet settings ({environment}): stackName must be [A-Za-z][A-Za-z0-9-]*"
         )
+    sink = _sink(environment, values)
     fields: dict[str, Any] = {}
     for key, raw in values.items():
-        if key == "stackName" or key in _HANDLER_KEYS:
+        if key in stack_keys or key in _HANDLER_KEYS:
             continue
         field, convert = _KEYS[key]
         try:
@@ -110,12 +121,33 @@ def build_settings(environment: str, values: Mapping[str, Any]) -> FleetSettings
             error.reason,
         )
         raise SettingsError(f"invalid fleet settings ({environment}): {key}: {reason}") from None
-    return FleetSettings(environment=environment, stack_name=stack_name, options=resolved)
+    return FleetSettings(
+        environment=environment, stack_name=stack_name, options=resolved, sink=sink
+    )
 
 
 def pinned_powertools_version() -> str:
     """The aws-lambda-powertools pin of the worker, so the router's layer matches it."""
     return pinned_version("aws-lambda-powertools")
+
+
+def _sink(environment: str, values: Mapping[str, Any]) -> str | None:
+    """``sink``: null, ``none`` or one of :data:`SINKS`; it sets the handler, so a
+    handler of the user's alongside it is refused."""
+    raw = values.get(SINK_KEY)
+    if raw is None or raw == "none":
+        return None
+    if raw not in SINKS:
+        raise SettingsError(
+            f"invalid fleet settings ({environment}): {SINK_KEY}: one of "
+            f"{', '.join(SINKS)} (or none), got {raw!r}"
+        )
+    if values.get("workerHandler") or values.get("handlerDir"):
+        raise SettingsError(
+            f"invalid fleet settings ({environment}): {SINK_KEY}={raw} sets the workers' "
+            "handler: give it or workerHandler/handlerDir, not both"
+        )
+    return str(raw)
 
 
 def _handler(directory: Any, factory: Any) -> WorkerHandler | None:

@@ -167,6 +167,8 @@ class WebSocketFleet(Construct):
         table.grant_worker_access(task_role)
         starts.grant_worker_access(task_role)
         grant_upstream_secrets(task_role, s.allowed_secret_prefix)
+        if s.handler is not None and s.handler.grant is not None:
+            s.handler.grant(task_role)
         WorkerScaling(
             self,
             "Scaling",

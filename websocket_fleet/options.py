@@ -97,7 +97,8 @@ class FleetOptions:
     handler_environment: Mapping[str, str] = field(default_factory=dict)
     """Variables of the handler's own (a table name, a bucket), set on the worker
     container next to the worker's; a worker setting's name is refused (those go in
-    ``worker_settings``)."""
+    ``worker_settings``), and so is one the handler sets itself (a built-in sink's
+    destination, ``WorkerHandler.kinesis`` and the like)."""
     service_name: str = DEFAULT_SERVICE_NAME
     allowed_secret_prefix: str = DEFAULT_SECRET_PREFIX
     """Secrets a start may name for its credentials (the router's
@@ -180,7 +181,10 @@ class FleetOptions:
         except InvalidTimingError as error:
             raise FleetOptionsError("lease_seconds", str(error)) from None
         check_worker_settings(self.worker_settings, option_settings(self))
-        check_handler_environment(self.handler_environment)
+        check_handler_environment(
+            self.handler_environment,
+            None if self.handler is None else self.handler.environment,
+        )
 
 
 def _checks(s: FleetOptions) -> list[tuple[str, bool, str]]:

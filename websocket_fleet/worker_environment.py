@@ -59,18 +59,29 @@ def option_settings(options: FleetOptions) -> dict[str, str]:
 def worker_environment(options: FleetOptions, table_name: str, queue_url: str) -> dict[str, str]:
     """The task definition's environment. ``WORKER_ID`` is never set: it must be
     unique per process, and the worker derives it from host, pid and chance."""
+    handler = {} if options.handler is None else options.handler.environment
     return {
         "TABLE_NAME": table_name,
         "QUEUE_URL": queue_url,
         **option_settings(options),
         **dict(sorted(options.worker_settings.items())),
+        **dict(sorted(handler.items())),
         **dict(sorted(options.handler_environment.items())),
     }
 
 
-def check_handler_environment(variables: Mapping[str, Any]) -> None:
-    """The handler's own variables: names a shell would take, none of the worker's."""
+def check_handler_environment(
+    variables: Mapping[str, Any], handler_sets: Mapping[str, str] | None = None
+) -> None:
+    """The handler's own variables: names a shell would take, none of the worker's,
+    none the handler sets itself (``handler_sets``: a built-in sink's destination)."""
     settings = worker_config().SETTINGS
+    clash = sorted(set(variables) & set(handler_sets or {}))
+    if clash:
+        raise FleetOptionsError(
+            "handler_environment",
+            f"{', '.join(clash)}: set by the handler from the destination it was given",
+        )
     for name, value in variables.items():
         if not (isinstance(name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)):
             raise FleetOptionsError("handler_environment", f"not a variable name: {name!r}")
