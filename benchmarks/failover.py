@@ -34,6 +34,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from local_stack.fleet import Deployment
 from local_stack.recording import DeliveryTracker
 from local_stack.server_group import LocalServers
 from local_stack.stop_requests import sigterm_as_interrupt
+from local_stack.workers import parse_log_time
 from wsfleet.timing import DEFAULT_LEASE_SECONDS, LeaseTiming
 
 SCENARIOS = {"crash": signal.SIGKILL, "handoff": signal.SIGTERM}
@@ -102,6 +104,10 @@ class Measured:
     """Deliveries by the new owners of seqs the victim had already handled."""
     failed_takeover_writes: int
     """Takeover writes refused by their condition, summed over the sweepers' logs."""
+    steps: dict[str, float] = field(default_factory=dict)
+    """Where the seconds went, each from the signal (worker log times): a crash's
+    reap and its last sweep; a handoff's releases and offers done at the victim and
+    the receivers' last acquires; the median connection's first delivery elsewhere."""
 
 
 def measure(fleet: Fleet, scenario: str) -> Measured:
@@ -148,9 +154,59 @@ def measure(fleet: Fleet, scenario: str) -> Measured:
         for entry in worker.logged("dead session swept")
         if entry.get("session_worker") == victim_id
     )
+    firsts = sorted(first_elsewhere.values())
+    steps = {
+        **_steps(fleet, scenario, victim_id, signalled),
+        "first_delivery_p50": percentile(firsts, 50) - signalled,
+        "first_delivery_max": firsts[-1] - signalled,
+    }
     return Measured(
-        max(first_elsewhere.values()) - signalled, len(theirs), duplicates, failed_writes
+        firsts[-1] - signalled,
+        len(theirs),
+        duplicates,
+        failed_writes,
+        {k: round(v, 3) for k, v in steps.items()},
     )
+
+
+def _steps(fleet: Fleet, scenario: str, victim_id: str, signalled: float) -> dict[str, float]:
+    """The log lines that mark each step of this failover or handoff, as seconds after
+    the signal (the last of each kind, from workers other than the victim but for the
+    victim's own drain)."""
+
+    def last(
+        message: str, *, victim: bool, match: Callable[[dict[str, Any]], bool] = lambda _: True
+    ) -> float | None:
+        times = [
+            parse_log_time(entry["timestamp"])
+            for worker in fleet.deployment.workers
+            if (worker.worker_id == victim_id) == victim
+            for entry in worker.logged(message)
+            if match(entry)
+        ]
+        times = [t for t in times if t >= signalled]
+        return max(times) - signalled if times else None
+
+    if scenario == "crash":
+        marks = {
+            "reaped": last(
+                "session reaped", victim=False, match=lambda e: e.get("session_worker") == victim_id
+            ),
+            "swept": last(
+                "dead session swept",
+                victim=False,
+                match=lambda e: e.get("session_worker") == victim_id,
+            ),
+        }
+    else:
+        marks = {
+            "released_and_offered": last("drain handed over", victim=True),
+            # The receivers' acquires of what the drain offered (not a later balance move).
+            "offers_taken": last(
+                "offers", victim=False, match=lambda e: int(e.get("drained", 0)) > 0
+            ),
+        }
+    return {k: v for k, v in marks.items() if v is not None}
 
 
 def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
@@ -183,7 +239,8 @@ def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
                         f"  #{repetition} {scenario:8} {fleet.profile.name:5} "
                         f"{measured.seconds:6.3f} s ({measured.moved} connections, "
                         f"{measured.duplicates} duplicates, "
-                        f"{measured.failed_takeover_writes} failed takeover writes)",
+                        f"{measured.failed_takeover_writes} failed takeover writes; "
+                        f"steps {measured.steps})",
                         flush=True,
                     )
         return result_of(args, fleets)
@@ -205,6 +262,13 @@ def result_of(args: argparse.Namespace, fleets: list[Fleet]) -> dict[str, Any]:
                 "moved": [d.moved for d in details],
                 "duplicates": [d.duplicates for d in details],
                 "failed_takeover_writes": [d.failed_takeover_writes for d in details],
+                "steps_s": [d.steps for d in details],
+                "steps_p50_s": {
+                    name: round(
+                        percentile([d.steps[name] for d in details if name in d.steps], 50), 3
+                    )
+                    for name in sorted({k for d in details for k in d.steps})
+                },
                 "failed_takeover_writes_share_max": round(
                     max(d.failed_takeover_writes / max(1, d.moved) for d in details), 4
                 ),
