@@ -13,7 +13,8 @@ connection is stopped (``DELETE``) and the feed's log tells when its socket clos
 Reported: the API call's own round trip, the whole start latency (call sent -> handler
 entered) and the stop latency (``DELETE`` sent -> the feed saw the socket close), p50,
 p99 and max; and the stop split at the ``DELETE``'s answer (its round trip, then
-answered -> closed: what docs/DESIGN.md §3.11 bounds). The feed sends a connection's first message as soon as it is opened.
+answered -> closed: what docs/DESIGN.md §3.11 bounds). The feed sends a connection's
+first message as soon as it is opened.
 With ``--stops-at-once`` the stops are sent together (from 50 threads) instead of one
 after the other: a burst of stops reaching their owners in one session renew.
 """
