@@ -135,6 +135,9 @@ def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
                 worker_settings.HANDLER: NOOP_HANDLER,
                 worker_settings.METRICS_INTERVAL_SECONDS: str(STATS_INTERVAL_S),
                 worker_settings.REASSIGN_ON_RELEASE: "false",
+                # The scenario places the connections itself (the holder's own, then the
+                # victim's): a balance round would move them and the counts never settle.
+                worker_settings.BALANCE_ROUND_SECONDS: "0",
             },
         )
         began = time.time()
