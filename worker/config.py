@@ -40,6 +40,8 @@ SQS_WAIT_SECONDS: Final = "SQS_WAIT_SECONDS"
 PING_INTERVAL_SECONDS: Final = "PING_INTERVAL_SECONDS"
 PING_TIMEOUT_SECONDS: Final = "PING_TIMEOUT_SECONDS"
 MAX_MESSAGE_BYTES: Final = "MAX_MESSAGE_BYTES"
+MAX_BATCH_MESSAGES: Final = "MAX_BATCH_MESSAGES"
+MAX_BATCH_BYTES: Final = "MAX_BATCH_BYTES"
 UPSTREAM_FAIL_AFTER_SECONDS: Final = "UPSTREAM_FAIL_AFTER_SECONDS"
 UPSTREAM_CONNECT_BURST: Final = "UPSTREAM_CONNECT_BURST"
 UPSTREAM_CONNECTS_PER_SECOND: Final = "UPSTREAM_CONNECTS_PER_SECOND"
@@ -71,6 +73,8 @@ SETTINGS: Final = frozenset(
         PING_INTERVAL_SECONDS,
         PING_TIMEOUT_SECONDS,
         MAX_MESSAGE_BYTES,
+        MAX_BATCH_MESSAGES,
+        MAX_BATCH_BYTES,
         UPSTREAM_FAIL_AFTER_SECONDS,
         UPSTREAM_CONNECT_BURST,
         UPSTREAM_CONNECTS_PER_SECOND,
@@ -88,6 +92,10 @@ boto3's, not the worker's."""
 DEFAULT_HEALTH_FILE: Final = "/tmp/websocket-fleet-worker.alive"
 DEFAULT_PING_TIMEOUT: Final = 5.0
 """Seconds a keepalive ping waits for its pong (``PING_TIMEOUT_SECONDS``)."""
+DEFAULT_MAX_BATCH_MESSAGES: Final = 500
+"""Messages in one batch handler call at most (``MAX_BATCH_MESSAGES``)."""
+DEFAULT_MAX_BATCH_BYTES: Final = 4 << 20
+"""Raw frame bytes read into one batch handler call at most (``MAX_BATCH_BYTES``)."""
 
 
 class ConfigError(ValueError):
@@ -117,6 +125,12 @@ class WorkerConfig:
     hundreds of handshakes (a mass takeover, a drain) answers late, and a timeout as
     short as the 1 s interval turned that into reconnects of healthy upstreams."""
     max_message_bytes: int = 1 << 20
+    max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES
+    """A batch handler's call carries at most this many messages; the rest stay
+    buffered for the next call."""
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+    """A batch handler's call carries at most this many bytes of frames as received
+    (one message larger than that goes alone)."""
     upstream_fail_after: float = 600.0
     """Seconds of failed upstream attempts with no message handled before a connection
     is parked (docs/DESIGN.md §4.4)."""
@@ -149,6 +163,12 @@ class WorkerConfig:
         secret_cache = _opt_float(env, SECRET_CACHE_SECONDS)
         if secret_cache is not None and not 0 <= secret_cache <= 86400:
             raise ConfigError(f"{SECRET_CACHE_SECONDS} must be from 0 to 86400, got {secret_cache}")
+        max_batch_messages = _int(env, MAX_BATCH_MESSAGES, DEFAULT_MAX_BATCH_MESSAGES)
+        if max_batch_messages < 1:
+            raise ConfigError(f"{MAX_BATCH_MESSAGES} must be >= 1, got {max_batch_messages}")
+        max_batch_bytes = _int(env, MAX_BATCH_BYTES, DEFAULT_MAX_BATCH_BYTES)
+        if max_batch_bytes < 1:
+            raise ConfigError(f"{MAX_BATCH_BYTES} must be >= 1, got {max_batch_bytes}")
         connect_burst = _int(env, UPSTREAM_CONNECT_BURST, 200)
         if connect_burst < 0:
             raise ConfigError(
@@ -172,6 +192,8 @@ class WorkerConfig:
             ping_interval=_positive_float(env, PING_INTERVAL_SECONDS, max(timing.heartbeat, 1.0)),
             ping_timeout=_positive_float(env, PING_TIMEOUT_SECONDS, DEFAULT_PING_TIMEOUT),
             max_message_bytes=_int(env, MAX_MESSAGE_BYTES, 1 << 20),
+            max_batch_messages=max_batch_messages,
+            max_batch_bytes=max_batch_bytes,
             upstream_fail_after=_positive_float(env, UPSTREAM_FAIL_AFTER_SECONDS, 600.0),
             upstream_connect_burst=connect_burst,
             upstream_connects_per_second=_rate(env, UPSTREAM_CONNECTS_PER_SECOND, 100.0),

@@ -7,7 +7,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from worker.config import DEFAULT_PING_TIMEOUT
+from worker.config import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_BATCH_MESSAGES, DEFAULT_PING_TIMEOUT
 from worker.connect_pacing import ConnectPacer
 from worker.credentials import SecretCache
 from worker.delivery import AnyHandler
@@ -33,6 +33,10 @@ class ConnectionSettings:
     ping_interval: float = 5.0
     ping_timeout: float = DEFAULT_PING_TIMEOUT
     max_message_bytes: int = 1 << 20
+    max_batch_messages: int = DEFAULT_MAX_BATCH_MESSAGES
+    """Messages in one batch handler call at most (``MAX_BATCH_MESSAGES``)."""
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+    """Raw frame bytes read into one batch handler call at most (``MAX_BATCH_BYTES``)."""
     open_timeout: float = 10.0
     fail_after: float = 600.0
     """Seconds of failed attempts with no message handled before a connection is

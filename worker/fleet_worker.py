@@ -125,6 +125,8 @@ class Worker:
             ping_interval=config.ping_interval,
             ping_timeout=config.ping_timeout,
             max_message_bytes=config.max_message_bytes,
+            max_batch_messages=config.max_batch_messages,
+            max_batch_bytes=config.max_batch_bytes,
             fail_after=config.upstream_fail_after,
             secrets=deps.secrets,
             pacer=ConnectPacer(

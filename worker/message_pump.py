@@ -8,7 +8,16 @@ skip or wait after a failure) is taken by the pure
 object but the :class:`~worker.delivery.Delivery` (and the decoded frame); its common
 case (the next seq, a call that may start and returns) is a few comparisons against
 the state's fields, and every other case goes through the state's decisions. A batch
-handler (``handle_batch``) gets every message already buffered in one call.
+handler (``handle_batch``) gets every message already buffered in one call, up to
+``MAX_BATCH_MESSAGES`` messages and ``MAX_BATCH_BYTES`` bytes of frames as received.
+
+Memory stays bounded under a handler slower than its upstream: the pump reads the
+next frames only once a call has returned, and websockets stops reading the socket
+while more than ``max_queue`` frames wait (16 by default, as the upstream link
+connects), so the socket buffers fill and TCP stops the upstream instead of frames
+piling up here. One connection then holds ``max_queue`` frames plus those of the
+socket read that crossed it (at most 256 KiB on the wire, decompressed), each at most
+``MAX_MESSAGE_BYTES``, and the batch in the call.
 
 The pump keeps what only the deliveries know: when the checkpoint last moved
 (:attr:`MessagePump.advanced_at`, for the page and the release), and, for a stream
@@ -148,9 +157,12 @@ class MessagePump:
         handle_batch: Callable[[Sequence[Delivery]], Awaitable[None]],
     ) -> None:
         """As :meth:`_receive`, with a batch handler: each call gets every message
-        already buffered when the previous call returned, in seq order; a gap ends the
+        already buffered when the previous call returned, in seq order, up to the
+        batch caps (what is left stays buffered for the next call); a gap ends the
         batch before it (and then this upstream connection)."""
         s = self._s
+        max_messages = s.max_batch_messages
+        max_bytes = s.max_batch_bytes
         state = self._state
         clock = self._clock
         read = self._read
@@ -166,6 +178,11 @@ class MessagePump:
             batch: list[Delivery] = []
             last = state.checkpoint
             leave = False
+            # Bytes of the frames read for this batch. A text frame carries UTF-8:
+            # its length in characters is its size when it is ASCII, as JSON mostly is.
+            size = len(data)
+            if type(data) is str and not data.isascii():
+                size = len(data.encode())
             while True:
                 frame = read(data)
                 if isinstance(frame, tuple):
@@ -188,8 +205,15 @@ class MessagePump:
                     break
                 # A whole message already buffered (websockets keeps the data frames
                 # it received there; the first of a fragmented message is not final
-                # and the batch stops before it): recv returns it at once.
-                if not buffered or not buffered[0].fin:
+                # and the batch stops before it): recv returns it at once. At either
+                # cap it stays there for the next call.
+                if not buffered:
+                    break
+                head = buffered[0]
+                if not head.fin:
+                    break
+                size += len(head.data)
+                if size > max_bytes or len(batch) >= max_messages:
                     break
                 data = await ws.recv()
             if batch:

@@ -29,6 +29,8 @@ def test_defaults():
     assert config.ping_interval == 1.0  # a heartbeat, and never under a second
     assert config.ping_timeout == 5.0  # longer than the interval: a busy loop answers late
     assert config.secret_cache_seconds == 300
+    assert config.max_batch_messages == 500
+    assert config.max_batch_bytes == 4 * 1024 * 1024
 
 
 def test_worker_ids_are_unique_per_process_by_default():
@@ -54,6 +56,8 @@ def test_overrides():
         "SECRET_CACHE_SECONDS": "0",
         "PING_INTERVAL_SECONDS": "2",
         "PING_TIMEOUT_SECONDS": "7.5",
+        "MAX_BATCH_MESSAGES": "1",
+        "MAX_BATCH_BYTES": " 65536 ",
     }
     config = WorkerConfig.from_env(env)
     assert config.secret_cache_seconds == 0  # read at every connection attempt
@@ -69,6 +73,7 @@ def test_overrides():
     assert (config.metrics_namespace, config.service_name) == ("Ns", "svc")
     assert config.health_file == Path("/tmp/h")
     assert (config.ping_interval, config.ping_timeout) == (2, 7.5)
+    assert (config.max_batch_messages, config.max_batch_bytes) == (1, 65536)
 
 
 @pytest.mark.parametrize(
@@ -97,6 +102,11 @@ def test_overrides():
         (BASE | {"SECRET_CACHE_SECONDS": "-1"}, "SECRET_CACHE_SECONDS must be from 0 to 86400"),
         (BASE | {"SECRET_CACHE_SECONDS": "86401"}, "SECRET_CACHE_SECONDS must be from 0"),
         (BASE | {"SECRET_CACHE_SECONDS": "a while"}, "SECRET_CACHE_SECONDS must be a number"),
+        (BASE | {"MAX_BATCH_MESSAGES": "0"}, "MAX_BATCH_MESSAGES must be >= 1, got 0"),
+        (BASE | {"MAX_BATCH_MESSAGES": "-5"}, "MAX_BATCH_MESSAGES must be >= 1"),
+        (BASE | {"MAX_BATCH_MESSAGES": "lots"}, "MAX_BATCH_MESSAGES must be an integer"),
+        (BASE | {"MAX_BATCH_BYTES": "0"}, "MAX_BATCH_BYTES must be >= 1, got 0"),
+        (BASE | {"MAX_BATCH_BYTES": "4MiB"}, "MAX_BATCH_BYTES must be an integer"),
         (BASE | {"UPSTREAM_CONNECT_BURST": "-1"}, "UPSTREAM_CONNECT_BURST must be >= 0"),
         (BASE | {"UPSTREAM_CONNECT_BURST": "2.5"}, "UPSTREAM_CONNECT_BURST must be an integer"),
         (BASE | {"UPSTREAM_CONNECT_BURST": "lots"}, "UPSTREAM_CONNECT_BURST must be an integer"),
@@ -163,7 +173,7 @@ def test_settings_names_every_variable_the_config_reads():
 
     names = {name for name, value in vars(config).items() if value == name}
     assert names == config.SETTINGS
-    assert len(config.SETTINGS) == 28
+    assert len(config.SETTINGS) == 30
     source = Path(config.__file__).read_text()
     read = re.findall(r"\(env, ([A-Z_]+)|env\.get\(([A-Z_]+)", source)
     assert read
@@ -213,3 +223,24 @@ def test_a_setting_no_longer_read_is_ignored_with_a_reason():
     (line,) = ignored_settings(env)
     assert line.startswith("MAX_SKEW_SECONDS is set but no longer a setting (ignored)")
     assert ignored_settings({"TABLE_NAME": "t"}) == []
+
+
+def test_the_batch_caps_reach_every_connection():
+    """The caps are read once here and shared by the worker's connection runners."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from worker.fleet_worker import Worker, WorkerDeps
+
+    config = WorkerConfig.from_env(BASE | {"MAX_BATCH_MESSAGES": "7", "MAX_BATCH_BYTES": "9000"})
+    store = cast(Any, SimpleNamespace(timing=config.timing))
+    deps = WorkerDeps(
+        store=store,
+        sessions=store,
+        renewals=store,
+        sqs=cast(Any, None),
+        handler=cast(Any, None),
+        protocol=cast(Any, None),
+    )
+    settings = Worker(config, deps).ownership._settings
+    assert (settings.max_batch_messages, settings.max_batch_bytes) == (7, 9000)

@@ -4,7 +4,9 @@ buffered, contiguous and in seq order, each seq once; the checkpoint passes a ba
 only once its call returned; the fence bounds a batch call like a single one (none
 starts at or after the deadline, the one in flight is cut and called again whole
 after a renew); a failed batch is retried whole, or skipped whole and counted per
-message."""
+message. A batch stops at ``MAX_BATCH_MESSAGES`` or ``MAX_BATCH_BYTES``, the rest
+staying buffered for the next call; a blocked call stalls the upstream instead of
+frames piling up in the worker."""
 
 from __future__ import annotations
 
@@ -13,13 +15,14 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
-from websockets.asyncio.server import ServerConnection
+from websockets.asyncio.server import ServerConnection, serve
 
 from tests.unit import test_connection_runner as runner_support
 from tests.unit.test_connection_runner import (
     EPOCH,
     SEQ_GEN,
     FakeStore,
+    Upstream,
     feed_frame,
     make_runner,
     new_metrics,
@@ -278,4 +281,189 @@ async def test_a_gap_inside_a_batch_delivers_what_came_before_it_then_resumes_af
     assert [from_seq for _, from_seq in up.connections] == [1, 4]
     handled = handler.handled()
     assert handled == list(range(1, len(handled) + 1))
+    assert outcome.last_seq == handled[-1]
+
+
+# --- the batch caps ----------------------------------------------------------------------
+
+
+def padded_frame(seq: int) -> str:
+    """A frame of the same length whatever the seq (JSON allows the spaces)."""
+    return f'{{"seq": {seq:6d}, "pad": "{"x" * 40}"}}'
+
+
+async def piled_up_batches(
+    frames: Callable[[int], str | bytes], last: int, **caps: int
+) -> tuple[list[list[int]], Outcome, list[int]]:
+    """Frame 1, then, once the first call runs (it takes 0.3 s, as every call does),
+    frames 2 to ``last`` at once: they pile up behind it. The batches, the outcome and
+    the ``from_seq`` of each upstream connection, with ``caps`` (``max_batch_messages``,
+    ``max_batch_bytes``) set on the connection."""
+
+    async def piles_up(ws: ServerConnection, from_seq: int) -> None:
+        await ws.send(frames(from_seq))
+        await first_call.wait()
+        for seq in range(from_seq + 1, last + 1):
+            await ws.send(frames(seq))
+        await up.read_all(ws)
+
+    async def started() -> None:
+        first_call.set()
+
+    first_call = asyncio.Event()
+    async with upstream(piles_up) as up:
+        handler = BatchRecorder(delay=0.3, on_call={1: started})
+        store = FakeStore()
+        runner = make_runner(store, handler, up.url, **caps)  # type: ignore[arg-type]
+        task = start(runner)
+        await wait_for(lambda: len(handler.handled()) >= last, 10)
+        outcome = await stop_and_wait(runner, task)
+    assert handler.batches() == handler.returned  # none called twice
+    assert store.releases == [(EPOCH, last)]
+    return handler.batches(), outcome, [from_seq for _, from_seq in up.connections]
+
+
+async def test_a_batch_stops_at_the_message_cap_and_the_rest_waits_for_the_next_call():
+    batches, outcome, connections = await piled_up_batches(feed_frame, 11, max_batch_messages=3)
+    assert batches == [[1], [2, 3, 4], [5, 6, 7], [8, 9, 10], [11]]
+    assert connections == [1]  # the rest stayed buffered: nothing asked for again
+    assert outcome.last_seq == 11
+
+
+@pytest.mark.parametrize("binary", [False, True])
+@pytest.mark.parametrize(
+    ("frames_per_cap", "extra_bytes", "expected"),
+    [
+        (3, 0, [[1], [2, 3, 4], [5, 6, 7], [8, 9, 10], [11]]),  # exactly three fit
+        (3, -1, [[1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]),  # one byte short of 3
+    ],
+)
+async def test_a_batch_stops_at_the_byte_cap_counted_in_frames_as_received(
+    frames_per_cap, extra_bytes, expected, binary
+):
+    size = len(padded_frame(1))
+    assert {len(padded_frame(seq)) for seq in range(1, 12)} == {size}
+
+    def frames(seq: int) -> str | bytes:
+        return padded_frame(seq).encode() if binary else padded_frame(seq)
+
+    batches, outcome, connections = await piled_up_batches(
+        frames, 11, max_batch_bytes=frames_per_cap * size + extra_bytes
+    )
+    assert batches == expected
+    assert connections == [1]
+    assert outcome.last_seq == 11
+
+
+async def test_a_message_over_the_byte_cap_goes_alone():
+    batches, outcome, _ = await piled_up_batches(feed_frame, 4, max_batch_bytes=1)
+    assert batches == [[1], [2], [3], [4]]
+    assert outcome.last_seq == 4
+
+
+@pytest.mark.parametrize("binary", [False, True])
+async def test_a_frame_counts_its_utf8_bytes_not_its_characters(binary):
+    """The first message of a batch is counted from what websockets returned: a
+    non-ASCII text is longer in bytes than in characters; a binary frame is bytes."""
+
+    def accented(seq: int) -> str | bytes:
+        text = json.dumps({"seq": seq, "text": "é" * 20}, ensure_ascii=False)
+        return text.encode() if binary else text
+
+    text = json.dumps({"seq": 1, "text": "é" * 20}, ensure_ascii=False)
+    size = len(text.encode())
+    assert size == len(text) + 20
+    # Counted in characters, the first of a batch would leave room for a second.
+    batches, _, _ = await piled_up_batches(accented, 5, max_batch_bytes=2 * size - 1)
+    assert batches == [[1], [2], [3], [4], [5]]
+
+
+async def test_a_capped_batch_cut_at_the_deadline_is_called_again_whole(feed_url):
+    """The caps change what a batch holds, not its rules: the cut batch comes again
+    with the same seqs, and what stayed buffered behind it follows in order."""
+    cut: list[float] = []
+
+    async def runs_past_the_deadline() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cut.append(now())
+            raise
+
+    store = FakeStore()
+    # 0.2 s a call at 40 msg/s: about 8 pile up behind each call, 3 go into the next.
+    handler = BatchRecorder(delay=0.2, on_call={3: runs_past_the_deadline})
+    runner = make_runner(store, handler, feed_url, max_batch_messages=3)  # type: ignore[arg-type]
+    task = start(runner, renew=False)
+    await wait_for(lambda: cut, 3)
+    cut_batch = handler.batches()[2]
+    assert len(cut_batch) == 3
+    assert runner.checkpoint == cut_batch[0] - 1
+    runner.session_renewed(now())
+    await wait_for(lambda: len(handler.returned) >= 6, 5)
+    outcome = await stop_and_wait(runner, task)
+    assert handler.batches()[3] == cut_batch  # the same batch again, whole
+    assert all(len(batch) <= 3 for batch in handler.batches())
+    handled = handler.handled()
+    assert handled == list(range(1, len(handled) + 1))
+    assert outcome.last_seq == handled[-1]
+    assert store.releases == [(EPOCH, handled[-1])]
+
+
+async def test_a_blocked_batch_call_stalls_the_upstream_instead_of_buffering():
+    """The pump reads only once a call has returned, and websockets stops reading the
+    socket once more than ``max_queue`` frames wait: while a call is blocked, TCP
+    pushes back until the upstream's sends stall, a few MiB later (the sockets'
+    buffers). Once it returns, what was held comes in capped batches, each seq once,
+    on the same upstream connection."""
+    pad = "x" * 16_000
+    sent = 0
+
+    async def floods(ws: ServerConnection, from_seq: int) -> None:
+        nonlocal sent
+        seq = from_seq
+        while True:
+            await ws.send(json.dumps({"seq": seq, "pad": pad}))
+            sent = seq
+            seq += 1
+            await asyncio.sleep(0)  # a send with room in the buffer does not yield
+
+    async def blocks() -> None:
+        first_call.set()
+        await release.wait()
+
+    async def stalled() -> int:
+        while True:
+            before = sent
+            await asyncio.sleep(0.2)
+            if sent == before:
+                return before
+
+    first_call, release = asyncio.Event(), asyncio.Event()
+    up = Upstream(floods)
+    # Uncompressed, so the socket buffers fill after a few hundred frames (deflated,
+    # this padding would take tens of thousands).
+    async with serve(up._serve, "127.0.0.1", 0, compression=None) as server:
+        up.url = f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/floods"
+        handler = BatchRecorder(on_call={1: blocks})
+        runner = make_runner(
+            FakeStore(),
+            handler,  # type: ignore[arg-type]
+            up.url,
+            max_batch_messages=10,
+            # A pong waits behind the unread frames: no keepalive verdict meanwhile.
+            ping_interval=30.0,
+            ping_timeout=30.0,
+        )
+        task = start(runner)
+        await asyncio.wait_for(first_call.wait(), 5)
+        held = await asyncio.wait_for(stalled(), 10)
+        assert held < 2_000  # 32 MB: more than the socket buffers hold
+        release.set()
+        await wait_for(lambda: len(handler.handled()) >= held, 10)
+        outcome = await stop_and_wait(runner, task)
+    handled = handler.handled()
+    assert handled == list(range(1, len(handled) + 1))
+    assert max(len(batch) for batch in handler.batches()) == 10
+    assert [from_seq for _, from_seq in up.connections] == [1]
     assert outcome.last_seq == handled[-1]
