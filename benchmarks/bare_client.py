@@ -1,10 +1,14 @@
 """A bare ``websockets`` client: the baseline of the throughput benchmark.
 
-``python -m benchmarks.bare_client --warmup 3 --window 10 URL [URL ...]``
+``python -m benchmarks.bare_client [--fast] --warmup 3 --window 10 URL [URL ...]``
 
 Reads every URL concurrently, as the worker does (one connection each, JSON decode of
 every message, seq order check), with nothing else: no lease, no checkpoint, no
-handler. Prints ``window start`` when the counting window opens, ``window end`` when it
+handler. As a user would write it: asyncio's event loop and ``json.loads``; with
+``--fast``, on uvloop with ``orjson.loads``, the worker's defaults, so that what the
+worker's own machinery costs shows apart from what the libraries save.
+
+Prints ``window start`` when the counting window opens, ``window end`` when it
 closes, then one JSON line ``{"messages": N, "seconds": S, "cpu_seconds": C}`` (C is this
 process's CPU time within the window).
 """
@@ -15,6 +19,8 @@ import argparse
 import asyncio
 import json
 import time
+from collections.abc import Callable
+from typing import Any
 
 from websockets.asyncio.client import connect
 
@@ -25,22 +31,24 @@ class Counter:
         self.out_of_order = 0
 
 
-async def read(url: str, counter: Counter) -> None:
+async def read(url: str, counter: Counter, loads: Callable[[str | bytes], Any]) -> None:
     """Read ``url`` until cancelled, counting messages."""
     expected = 1
     # The same keepalive as a worker (ping every 5 s), so only the work differs.
     async with connect(url, max_size=1 << 20, ping_interval=5.0, ping_timeout=5.0) as ws:
         async for data in ws:
-            message = json.loads(data)
+            message = loads(data)
             if message["seq"] != expected:
                 counter.out_of_order += 1
             expected = message["seq"] + 1
             counter.messages += 1
 
 
-async def measure(urls: list[str], warmup: float, window: float) -> dict[str, float | int]:
+async def measure(
+    urls: list[str], warmup: float, window: float, loads: Callable[[str | bytes], Any]
+) -> dict[str, float | int]:
     counter = Counter()
-    readers = [asyncio.create_task(read(url, counter)) for url in urls]
+    readers = [asyncio.create_task(read(url, counter, loads)) for url in urls]
     try:
         await asyncio.sleep(warmup)
         failed = [task for task in readers if task.done()]
@@ -75,9 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--window", type=float, default=10.0)
+    parser.add_argument("--fast", action="store_true", help="uvloop and orjson")
     parser.add_argument("urls", nargs="+")
     args = parser.parse_args(argv)
-    result = asyncio.run(measure(args.urls, args.warmup, args.window))
+    if args.fast:
+        import orjson
+        import uvloop
+
+        result = uvloop.run(measure(args.urls, args.warmup, args.window, orjson.loads))
+    else:
+        result = asyncio.run(measure(args.urls, args.warmup, args.window, json.loads))
     print(json.dumps(result), flush=True)
     return 0
 

@@ -28,9 +28,12 @@ from local_stack.clock import wait_until
 from local_stack.server_group import LocalServers
 from local_stack.stop_requests import sigterm_as_interrupt
 from worker import config as worker_settings
+from wsfleet import accelerators
 
-LOOP_FRAME = "BaseEventLoop._run_once "
-"""Stacks without this frame are not the event loop's."""
+LOOP_FRAME = "Runner.run "
+"""Stacks without this frame are not the event loop's (the worker runs its loop in an
+``asyncio.Runner``, on either event loop). uvloop's own work is C, which py-spy does
+not show: its samples count as ``Runner.run``'s own."""
 
 BASE_SHARE = 0.9
 """Frames on at least this share of the loop's stacks (the loop itself, ``main``)
@@ -83,7 +86,12 @@ def profile(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
         deployment = stack.deployment("profile")
         [worker] = deployment.start_workers(
             ["prof"],
-            {**ours(None).env, worker_settings.HANDLER: HANDLERS[args.handler_mode]},
+            {
+                **ours(None).env,
+                worker_settings.HANDLER: HANDLERS[args.handler_mode],
+                **({worker_settings.EVENT_LOOP: args.event_loop} if args.event_loop else {}),
+                **({worker_settings.JSON_DECODER: args.json_decoder} if args.json_decoder else {}),
+            },
         )
         for index in range(args.connections):
             cid = f"prof-{index}"
@@ -155,6 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--raw-out", type=Path, help="keep py-spy's raw stacks here")
     parser.add_argument("--handler-mode", choices=sorted(HANDLERS), default="single")
+    parser.add_argument(
+        "--event-loop", choices=accelerators.EVENT_LOOPS, help="default: the worker's"
+    )
+    parser.add_argument(
+        "--json-decoder", choices=accelerators.JSON_DECODERS, help="default: the worker's"
+    )
     args = parser.parse_args(argv)
     try:
         with sigterm_as_interrupt(), tempfile.TemporaryDirectory(prefix="hot-profile-") as tmp:

@@ -2,13 +2,17 @@
 reading the same feed the same way, in the same run.
 
 ``python -m benchmarks.throughput [--connections 8] [--window 10] [--rounds 3]
-[--handler-mode single|batch|both]``
+[--handler-mode single|batch|both] [--rate 0] [--event-loop L] [--json-decoder D]``
 
-Feed processes serve every connection at ``rate=0`` (as fast as the reader reads).
-Each round runs, one after the other, the same measurement on fresh connections:
+Feed processes serve every connection at ``rate=0`` (as fast as the reader reads), or
+at ``--rate`` messages/s per connection (a fixed load: the readers keep up, and what
+differs is the CPU each spends per message). Each round runs, one after the other,
+the same measurement on fresh connections:
 
 - the bare client (:mod:`benchmarks.bare_client`, its own process) reads ``K``
-  connections; it counts messages over the window;
+  connections, as a user would write it (asyncio's loop, ``json.loads``); it counts
+  messages over the window; then the same client on uvloop with ``orjson`` (``bare
+  fast``), so that the ratio against it shows the worker's own machinery;
 - one worker per handler mode (the shipped default timings) owns ``K`` connections:
   ``single``, a no-op ``handle`` (``benchmarks.handlers:noop_factory``, one call per
   message, the default), and ``batch``, a no-op ``handle_batch``
@@ -44,14 +48,16 @@ from local_stack.services import REPO_ROOT
 from local_stack.stop_requests import sigterm_as_interrupt
 from local_stack.workers import WorkerProcess, parse_log_time
 from worker import config as worker_settings
+from wsfleet.accelerators import EVENT_LOOPS, JSON_DECODERS
 
 STATS_INTERVAL_S = 1
 
 
 def bare_round(
-    stack: LocalServers, urls: list[str], warmup: float, window: float
+    stack: LocalServers, urls: list[str], warmup: float, window: float, *, fast: bool = False
 ) -> dict[str, Any]:
-    """Run the bare client over ``urls``; its rate and CPU, and the feed's CPU."""
+    """Run the bare client over ``urls`` (``fast``: on uvloop with orjson); its rate and
+    CPU, and the feed's CPU."""
     feed_pids = [feed.process.pid for feed in stack.feed_processes]
     process = subprocess.Popen(
         [
@@ -62,6 +68,7 @@ def bare_round(
             repr(warmup),
             "--window",
             repr(window),
+            *(["--fast"] if fast else []),
             *urls,
         ],
         cwd=REPO_ROOT,
@@ -139,6 +146,8 @@ def worker_round(
     warmup: float,
     window: float,
     mode: str = "single",
+    rate: float = 0.0,
+    accelerators: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One worker owning ``connections`` rate=0 connections, with the no-op handler
     of ``mode``; its rate and CPU."""
@@ -149,12 +158,13 @@ def worker_round(
             **ours(None).env,
             worker_settings.HANDLER: HANDLERS[mode],
             worker_settings.METRICS_INTERVAL_SECONDS: str(STATS_INTERVAL_S),
+            **(accelerators or {}),
         },
     )
     feed_pids = [feed.process.pid for feed in stack.feed_processes]
     ids = [f"worker{round_no}{mode}-{i}" for i in range(connections)]
     for index, cid in enumerate(ids):
-        deployment.start_connection(cid, stack.feed_url(cid, {"rate": 0}, index=index))
+        deployment.start_connection(cid, stack.feed_url(cid, {"rate": rate}, index=index))
     wait_until(
         lambda: len(worker.logged("upstream connected")) >= connections,
         30,
@@ -184,6 +194,19 @@ def worker_round(
     )
 
 
+BARE_CLIENTS = {"bare": False, "bare_fast": True}
+"""Each round's bare clients: as a user would write one, and on uvloop with orjson."""
+
+
+def accelerator_settings(args: argparse.Namespace) -> dict[str, str]:
+    """The worker's EVENT_LOOP and JSON_DECODER where the command line chose them."""
+    chosen = {
+        worker_settings.EVENT_LOOP: args.event_loop,
+        worker_settings.JSON_DECODER: args.json_decoder,
+    }
+    return {name: value for name, value in chosen.items() if value}
+
+
 def modes(choice: str) -> list[str]:
     return ["single", "batch"] if choice == "both" else [choice]
 
@@ -193,33 +216,48 @@ def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     chosen = modes(args.handler_mode)
     with LocalServers(work_dir, feeds=args.feeds, feed_rate=0.0) as stack:
         for round_no in range(1, args.rounds + 1):
-            urls = [
-                stack.feed_url(f"bare{round_no}-{i}", {"rate": 0}, index=i)
-                for i in range(args.connections)
-            ]
-            bare = bare_round(stack, urls, args.warmup, args.window)
-            print(f"  round {round_no} bare client {bare}", flush=True)
-            entry: dict[str, Any] = {"bare": bare, "load_average": list(os.getloadavg())}
+            entry: dict[str, Any] = {"load_average": list(os.getloadavg())}
+            for key, fast in BARE_CLIENTS.items():
+                urls = [
+                    stack.feed_url(f"{key}{round_no}-{i}", {"rate": args.rate}, index=i)
+                    for i in range(args.connections)
+                ]
+                entry[key] = bare_round(stack, urls, args.warmup, args.window, fast=fast)
+                print(f"  round {round_no} {key} client {entry[key]}", flush=True)
             for mode in chosen:
                 worker = worker_round(
-                    stack, round_no, args.connections, args.warmup, args.window, mode
+                    stack,
+                    round_no,
+                    args.connections,
+                    args.warmup,
+                    args.window,
+                    mode,
+                    args.rate,
+                    accelerator_settings(args),
                 )
                 print(f"  round {round_no} worker, {mode:6} {worker}", flush=True)
-                entry[mode] = {
-                    "worker": worker,
-                    "ratio": round(worker["messages_per_s"] / bare["messages_per_s"], 3),
-                    "cpu_cost_ratio": round(
+                entry[mode] = {"worker": worker}
+                for key, suffix in (("bare", ""), ("bare_fast", "_fast")):
+                    bare = entry[key]
+                    entry[mode]["ratio" + suffix] = round(
+                        worker["messages_per_s"] / bare["messages_per_s"], 3
+                    )
+                    entry[mode]["cpu_cost_ratio" + suffix] = round(
                         bare["messages_per_cpu_s"] / worker["messages_per_cpu_s"], 3
-                    ),
-                }
+                    )
             rounds.append(entry)
     result: dict[str, Any] = {
         "benchmark": "throughput",
         "connections": args.connections,
+        "rate_per_connection": args.rate,
+        "worker_accelerators": accelerator_settings(args),
         "window_s": args.window,
         "handler_modes": chosen,
         "rounds": rounds,
         "bare_messages_per_s": statistics.median(r["bare"]["messages_per_s"] for r in rounds),
+        "bare_fast_messages_per_s": statistics.median(
+            r["bare_fast"]["messages_per_s"] for r in rounds
+        ),
     }
     for mode in chosen:
         result[mode] = {
@@ -230,6 +268,10 @@ def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
             "cpu_per_message_worker_over_bare": statistics.median(
                 r[mode]["cpu_cost_ratio"] for r in rounds
             ),
+            "ratio_worker_over_bare_fast": statistics.median(r[mode]["ratio_fast"] for r in rounds),
+            "cpu_per_message_worker_over_bare_fast": statistics.median(
+                r[mode]["cpu_cost_ratio_fast"] for r in rounds
+            ),
         }
     result["machine"] = machine()
     return result
@@ -238,7 +280,10 @@ def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
 def render(result: dict[str, Any]) -> str:
     rows = []
     for number, entry in enumerate(result["rounds"], 1):
-        readers = [("bare websockets client", entry["bare"], "")]
+        readers = [
+            ("bare websockets client", entry["bare"], ""),
+            ("bare client, uvloop + orjson", entry["bare_fast"], ""),
+        ]
         readers += [
             (f"worker, no-op {mode} handler", entry[mode]["worker"], entry[mode]["ratio"])
             for mode in result["handler_modes"]
@@ -272,7 +317,9 @@ def render(result: dict[str, Any]) -> str:
         lines.append(
             f"{mode} handler: median throughput ratio worker / bare "
             f"{figures['ratio_worker_over_bare']}, median CPU per message worker / bare "
-            f"{figures['cpu_per_message_worker_over_bare']}"
+            f"{figures['cpu_per_message_worker_over_bare']}; against the bare client on "
+            f"uvloop + orjson: {figures['ratio_worker_over_bare_fast']}, "
+            f"{figures['cpu_per_message_worker_over_bare_fast']}"
         )
     return "\n".join(lines)
 
@@ -295,6 +342,16 @@ def main(argv: list[str] | None = None) -> int:
         help="the worker's no-op handler: handle (single), handle_batch (batch), or both "
         "measured after the same bare client in each round",
     )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="messages/s per connection; 0 (the default): as fast as the reader reads",
+    )
+    parser.add_argument("--event-loop", choices=EVENT_LOOPS, help="the worker's; default: its own")
+    parser.add_argument(
+        "--json-decoder", choices=JSON_DECODERS, help="the worker's; default: its own"
+    )
     args = parser.parse_args(argv)
     try:
         with sigterm_as_interrupt(), tempfile.TemporaryDirectory(prefix="throughput-") as tmp:
@@ -303,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted; every child process has been stopped", file=sys.stderr)
         return 130
     emit(
-        f"throughput, {args.connections} connections at rate=0 over {args.feeds} feed "
+        f"throughput, {args.connections} connections at rate={args.rate:g} over {args.feeds} feed "
         f"processes, {args.window:g} s windows",
         render(result),
         result,

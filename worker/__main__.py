@@ -9,9 +9,9 @@ import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from worker import logs, loop_watch
+from worker import event_loops, json_decoding, logs, loop_watch
 from worker.aws_clients import make_clients
-from worker.config import ConfigError, WorkerConfig, ignored_settings
+from worker.config import ConfigError, WorkerConfig, check_installed, ignored_settings
 from worker.credentials import SecretCache, secrets_manager_reader
 from worker.delivery import load_handler
 from worker.fleet_worker import Worker, WorkerDeps
@@ -47,6 +47,7 @@ async def serve(config: WorkerConfig, deps: WorkerDeps) -> None:
 def main() -> int:
     try:
         config = WorkerConfig.from_env()
+        check_installed(config)
     except ConfigError as error:
         print(f"worker: configuration error: {error}", file=sys.stderr)
         return 2
@@ -75,7 +76,9 @@ def main() -> int:
             secrets_manager_reader(clients.secrets), ttl=config.secret_cache_seconds
         ),
     )
-    asyncio.run(serve(config, deps))
+    json_decoding.use(config.json_decoder)
+    with asyncio.Runner(loop_factory=event_loops.factory(config.event_loop)) as runner:
+        runner.run(serve(config, deps))
     return 0
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from wsfleet import accelerators
 from wsfleet.balance_rules import BalanceSettings
 from wsfleet.timing import DEFAULT_LEASE_SECONDS, InvalidTimingError, LeaseTiming
 
@@ -50,6 +51,8 @@ BALANCE_ROUND_SECONDS: Final = "BALANCE_ROUND_SECONDS"
 BALANCE_TOLERANCE: Final = "BALANCE_TOLERANCE"
 BALANCE_MOVE_FRACTION: Final = "BALANCE_MOVE_FRACTION"
 SECRET_CACHE_SECONDS: Final = "SECRET_CACHE_SECONDS"
+EVENT_LOOP: Final = "EVENT_LOOP"
+JSON_DECODER: Final = "JSON_DECODER"
 
 SETTINGS: Final = frozenset(
     {
@@ -83,6 +86,8 @@ SETTINGS: Final = frozenset(
         BALANCE_TOLERANCE,
         BALANCE_MOVE_FRACTION,
         SECRET_CACHE_SECONDS,
+        EVENT_LOOP,
+        JSON_DECODER,
     }
 )
 """Every variable :meth:`WorkerConfig.from_env` reads: what a deployment may set
@@ -143,6 +148,11 @@ class WorkerConfig:
     secret_cache_seconds: float = 300.0
     """How long a secret's value read for a connection is used before it is read
     again (docs/DESIGN.md §4.4, "Credentials"); 0: read at every connection attempt."""
+    event_loop: str = field(default_factory=accelerators.default_event_loop)
+    """``asyncio`` or ``uvloop`` (the default where it is installed)."""
+    json_decoder: str = field(default_factory=accelerators.default_json_decoder)
+    """How the built-in protocols decode frames: ``orjson`` (the default where it is
+    installed) or ``json`` (worker/json_decoding.py says what differs)."""
     balance: BalanceSettings | None = field(default_factory=BalanceSettings)
     """How the fleet is kept balanced (docs/DESIGN.md §4.3); None: never rebalanced
     (``BALANCE_ROUND_SECONDS=0``)."""
@@ -174,6 +184,12 @@ class WorkerConfig:
             raise ConfigError(
                 f"{UPSTREAM_CONNECT_BURST} must be >= 0 (0: no pacing), got {connect_burst}"
             )
+        event_loop = _accelerator(
+            env, EVENT_LOOP, accelerators.EVENT_LOOPS, accelerators.default_event_loop()
+        )
+        json_decoder = _accelerator(
+            env, JSON_DECODER, accelerators.JSON_DECODERS, accelerators.default_json_decoder()
+        )
         return cls(
             table_name=_required(env, TABLE_NAME),
             queue_url=_required(env, QUEUE_URL),
@@ -199,6 +215,8 @@ class WorkerConfig:
             upstream_connects_per_second=_rate(env, UPSTREAM_CONNECTS_PER_SECOND, 100.0),
             log_level=(env.get(LOG_LEVEL) or "INFO").upper(),
             secret_cache_seconds=300.0 if secret_cache is None else secret_cache,
+            event_loop=event_loop,
+            json_decoder=json_decoder,
             balance=balance_from_env(env),
         )
 
@@ -267,6 +285,22 @@ def _required(env: Mapping[str, str], name: str) -> str:
     if not value:
         raise ConfigError(f"{name} is required")
     return value
+
+
+def _accelerator(env: Mapping[str, str], name: str, choices: Iterable[str], default: str) -> str:
+    """The name only: whether it is installed is the running worker's to check
+    (:func:`check_installed`), not a synth's on another machine."""
+    value = (env.get(name) or default).strip().lower()
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def check_installed(config: WorkerConfig) -> None:
+    """Refuse an event loop or JSON decoder this interpreter does not have."""
+    for name, value in ((EVENT_LOOP, config.event_loop), (JSON_DECODER, config.json_decoder)):
+        if not accelerators.installed(value):
+            raise ConfigError(f"{name}={value}, but {value} is not installed here")
 
 
 def _opt_float(

@@ -79,6 +79,8 @@ class Lifecycle:
                 "worker_id": config.worker_id,
                 "max_connections": config.max_connections,
                 "lease_seconds": config.timing.lease,
+                "event_loop": config.event_loop,
+                "json_decoder": config.json_decoder,
                 "version": VERSION,
             },
         )

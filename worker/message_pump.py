@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection
 
+from worker import event_loops
 from worker.connection_settings import ConnectionSettings
 from worker.connection_state import Call, ConnectionState, Failure, Frame
 from worker.delivery import Delivery, batch_call, make_delivery
@@ -81,7 +81,7 @@ class MessagePump:
         self._read = reader(protocol)
         self._resumable = is_resumable(protocol)
         self._loop = asyncio.get_running_loop()
-        self._clock = clock_of(self._loop)
+        self._clock = event_loops.clock(self._loop)
         self._tally = settings.metrics.handled
         self.advanced_at: float | None = None
         """Loop time of the last checkpoint advance (None: none in this hold)."""
@@ -374,11 +374,3 @@ class MessagePump:
             "stream cannot resume: gap since the previous delivery",
             extra={"connection_id": self._lease.connection_id, "gap_ms": gap_ms},
         )
-
-
-def clock_of(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
-    """The loop's clock as one C call: asyncio's loops read ``time.monotonic``
-    (``BaseEventLoop.time``); another loop's own ``time`` otherwise."""
-    if type(loop).time is asyncio.BaseEventLoop.time:
-        return time.monotonic
-    return loop.time

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeGuard, runtime_checkable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from worker import json_decoding
 from worker.plugins import PluginError, load_factory
 from wsfleet import protocol_specs
 from wsfleet.protocol_specs import ProtocolSpec, render_template, resolve_pointer
@@ -120,7 +121,7 @@ def _json(data: str | bytes) -> Any:
     """The JSON value of a frame; raises ValueError when it is not JSON (or not UTF-8,
     or nested too deep to parse)."""
     try:
-        return json.loads(data)
+        return json_decoding.loads(data)
     except RecursionError:
         raise ValueError("nested too deep") from None
 
@@ -154,7 +155,7 @@ class JsonSeqProtocol:
         """:meth:`decode` with a message as ``(seq, payload)``: the runner's per-message
         path, one object less per message."""
         try:
-            obj = json.loads(data)
+            obj = json_decoding.loads(data)
         except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep
             return Unreadable("not JSON")
         if type(obj) is not dict:

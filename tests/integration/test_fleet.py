@@ -25,6 +25,24 @@ HANDOFF_BOUND = 1.0
 STOP_BOUND = TIMING.heartbeat + 1.0
 
 
+ACCELERATED = {"EVENT_LOOP": "uvloop", "JSON_DECODER": "orjson"}
+PLAIN = {"EVENT_LOOP": "asyncio", "JSON_DECODER": "json"}
+
+
+@pytest.fixture(params=[ACCELERATED, PLAIN], ids=["uvloop-orjson", "asyncio-json"])
+def any_loop_fleet(fleet: Fleet, request: pytest.FixtureRequest):
+    """The fleet on the default event loop and JSON decoder, and on the standard
+    library's: the worker must behave the same on either. Each worker's start line
+    shows which it ran."""
+    fleet.worker_defaults.update(request.param)
+    yield fleet
+    for worker in fleet.workers:
+        started = [e for e in worker.events() if e.get("message") == "worker started"]
+        assert started, worker.worker_id
+        assert started[0]["event_loop"] == request.param["EVENT_LOOP"]
+        assert started[0]["json_decoder"] == request.param["JSON_DECODER"]
+
+
 def start_fleet(fleet: Fleet, workers: int, connections: int, prefix: str):
     procs = [fleet.start_worker("w") for _ in range(workers)]
     ids = [f"{prefix}-{i}" for i in range(connections)]
@@ -51,7 +69,8 @@ def handled_elsewhere_at(fleet: Fleet, cid: str, victim: str, after: float) -> f
     return min(times) if times else None
 
 
-def test_sigkill_fails_over_within_the_crash_bound(fleet):
+def test_sigkill_fails_over_within_the_crash_bound(any_loop_fleet):
+    fleet = any_loop_fleet
     procs, ids = start_fleet(fleet, 3, 6, "kill")
     victim, theirs = busiest(fleet, procs, ids)
     killed_at = time.time()
@@ -72,7 +91,8 @@ def test_sigkill_fails_over_within_the_crash_bound(fleet):
     assert all(fleet.item(cid).lease_epoch >= 2 for cid in theirs)
 
 
-def test_sigterm_hands_off_within_a_second_without_gap_or_duplicate(fleet):
+def test_sigterm_hands_off_within_a_second_without_gap_or_duplicate(any_loop_fleet):
+    fleet = any_loop_fleet
     procs, ids = start_fleet(fleet, 3, 6, "term")
     victim, theirs = busiest(fleet, procs, ids)
     termed_at = time.time()
@@ -92,12 +112,13 @@ def test_sigterm_hands_off_within_a_second_without_gap_or_duplicate(fleet):
     assert {cid: duplicates.get(cid, 0) for cid in theirs} == dict.fromkeys(theirs, 0)
 
 
-def test_a_batch_handler_gets_every_seq_once_in_order_across_a_graceful_handoff(fleet):
+def test_a_batch_handler_gets_every_seq_once_in_order_across_a_graceful_handoff(any_loop_fleet):
     """``handle_batch`` instead of ``handle``: calls slow enough that frames pile up,
     so batches hold several messages; a SIGTERM hands the connections over with the
     final checkpoint. Each connection's records are every seq, in order; the old and
     the new owner share no seq; a seq comes twice only when a batch call was cut at
     the session's fence (a renew late on a busy machine) and called again whole."""
+    fleet = any_loop_fleet
     batch_handler = {
         "HANDLER": "local_stack.recording:batch_factory",
         "RECORD_DELAY_SECONDS": "0.1",
@@ -170,21 +191,24 @@ def test_paused_worker_handles_nothing_for_connections_it_lost(fleet):
     assert victim.poll() is None  # alive and well after the pause
 
 
-def test_a_stop_closes_the_upstream_socket_within_a_heartbeat(fleet, feed_service):
+def test_a_stop_closes_the_upstream_socket_within_a_heartbeat(any_loop_fleet, feed_service):
+    fleet = any_loop_fleet
+    # The feed's log is the session's: a name of this run's own.
+    cid = "stop-me-" + fleet.worker_defaults["EVENT_LOOP"]
     fleet.start_worker("w")
-    fleet.start_connection("stop-me")
-    fleet.wait_handling(["stop-me"], scaled(15))
+    fleet.start_connection(cid)
+    fleet.wait_handling([cid], scaled(15))
     stopped_at = time.time()
-    fleet.stop_connection("stop-me")
+    fleet.stop_connection(cid)
     # The socket as the upstream sees it: the feed logs each stream's close.
     closed = wait_until(
-        lambda: stream_events(feed_service.log_path, "stop-me", "done"),
+        lambda: stream_events(feed_service.log_path, cid, "done"),
         scaled(2 * STOP_BOUND),
         "the upstream socket to close",
     )
     print(f"stop to socket closed: {closed[0] - stopped_at:.3f} s (bound {STOP_BOUND} s)")
     wait_until(
-        lambda: fleet.item("stop-me").lease_owner is None,
+        lambda: fleet.item(cid).lease_owner is None,
         scaled(2 * STOP_BOUND),
         "release after stop",
     )
@@ -192,15 +216,15 @@ def test_a_stop_closes_the_upstream_socket_within_a_heartbeat(fleet, feed_servic
     # were one: another connection handles ten more messages (0.5 s at 20/s) first.
     fleet.start_connection("witness")
     fleet.wait_handling(["witness"], scaled(15), min_seq=10)
-    item = fleet.item("stop-me")
+    item = fleet.item(cid)
     assert item.desired_state == "STOPPED"
     assert item.owner_session_gen is None
     assert item.owner_key is None
     assert item.free_shard is None  # STOPPED: not in the unowned index
-    assert item.last_seq == fleet.highest_seq("stop-me")  # final checkpoint written
+    assert item.last_seq == fleet.highest_seq(cid)  # final checkpoint written
     assert item.expires_at is not None
-    assert all(r.t <= closed[0] for r in fleet.records() if r.connection_id == "stop-me")
-    assert len(stream_events(feed_service.log_path, "stop-me", "open")) == 1  # no reconnect
+    assert all(r.t <= closed[0] for r in fleet.records() if r.connection_id == cid)
+    assert len(stream_events(feed_service.log_path, cid, "open")) == 1  # no reconnect
     fleet.assert_clean_audit()
 
 
@@ -295,7 +319,8 @@ def test_upstream_faults_reconnect_and_resume_without_loss(fleet, fault):
         assert worker.log().count('"message":"upstream connected"') >= 2
 
 
-def test_poison_messages_never_crash_and_end_in_the_dlq(fleet):
+def test_poison_messages_never_crash_and_end_in_the_dlq(any_loop_fleet):
+    fleet = any_loop_fleet
     worker = fleet.start_worker("w")
     for body in (
         "not json",

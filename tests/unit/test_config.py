@@ -173,7 +173,7 @@ def test_settings_names_every_variable_the_config_reads():
 
     names = {name for name, value in vars(config).items() if value == name}
     assert names == config.SETTINGS
-    assert len(config.SETTINGS) == 30
+    assert len(config.SETTINGS) == 32
     source = Path(config.__file__).read_text()
     read = re.findall(r"\(env, ([A-Z_]+)|env\.get\(([A-Z_]+)", source)
     assert read
@@ -244,3 +244,41 @@ def test_the_batch_caps_reach_every_connection():
     )
     settings = Worker(config, deps).ownership._settings
     assert (settings.max_batch_messages, settings.max_batch_bytes) == (7, 9000)
+
+
+def test_the_event_loop_and_json_decoder_default_to_the_accelerators_installed():
+    from wsfleet import accelerators
+
+    config = WorkerConfig.from_env(BASE)
+    assert config.event_loop == accelerators.default_event_loop()
+    assert config.json_decoder == accelerators.default_json_decoder()
+    plain = WorkerConfig.from_env({**BASE, "EVENT_LOOP": " asyncio ", "JSON_DECODER": "JSON"})
+    assert (plain.event_loop, plain.json_decoder) == ("asyncio", "json")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("EVENT_LOOP", "trio", "EVENT_LOOP must be one of asyncio, uvloop, got 'trio'"),
+        ("JSON_DECODER", "ujson", "JSON_DECODER must be one of json, orjson, got 'ujson'"),
+    ],
+)
+def test_an_unknown_event_loop_or_decoder_is_refused(name, value, message):
+    with pytest.raises(ConfigError) as raised:
+        WorkerConfig.from_env({**BASE, name: value})
+    assert str(raised.value) == message
+
+
+def test_a_missing_accelerator_is_refused_at_start_not_at_synth(monkeypatch):
+    """The construct validates the settings on the machine that synthesizes, which
+    need not have uvloop; the worker checks that it has it when it starts."""
+    from worker import config as settings
+    from wsfleet import accelerators
+
+    monkeypatch.setattr(accelerators, "installed", lambda name: name in accelerators.BUILT_IN)
+    config = WorkerConfig.from_env({**BASE, "EVENT_LOOP": "uvloop"})
+    with pytest.raises(ConfigError, match="EVENT_LOOP=uvloop, but uvloop is not installed"):
+        settings.check_installed(config)
+    settings.check_installed(
+        WorkerConfig.from_env({**BASE, "EVENT_LOOP": "asyncio", "JSON_DECODER": "json"})
+    )

@@ -879,7 +879,7 @@ async def test_the_upstream_close_goes_on_in_the_background_and_is_bounded():
 
 
 async def test_the_readers_clock_is_the_loops_own():
-    from worker.message_pump import clock_of
+    from worker.event_loops import clock as clock_of
 
     loop = asyncio.get_running_loop()
     clock = clock_of(loop)
