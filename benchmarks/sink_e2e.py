@@ -31,8 +31,9 @@ feed sent (N, or the connection's final checkpoint if the fleet did not get that
 - **applied twice**: a seq in the effect log more than once (the deduper forbids it;
   the log is the consumer's own evidence);
 - **applied out of order**: a seq applied after a higher one of the same ``seq_gen``
-  (the deduper applies a seq that a partly refused ``PutRecords`` wrote late after the
-  higher one that overtook it; moto never refuses a record, so here it must not happen);
+  (the deduper holds back a record that a partly refused ``PutRecords`` wrote ahead of
+  the one before it, as EARLY, and applies both in order when they come again; moto
+  never refuses a record anyway);
 - **unfinished**: a connection the fleet did not get through N by the deadline;
 - no worker exited on its own, every SIGTERM ended with status 0, no lease left held.
 
@@ -493,10 +494,13 @@ def _result(
         "applied": tally.applied,
         "skipped_copies": tally.skipped,
         "refused": tally.refused,
+        "early": tally.early,
         "malformed": tally.malformed,
         "late": tally.late,
         "gaps": tally.gaps,
-        "records_read": tally.applied + tally.skipped + tally.refused + tally.malformed,
+        "records_read": (
+            tally.applied + tally.skipped + tally.refused + tally.early + tally.malformed
+        ),
         **totals,
         "unfinished": len(unfinished),
         "faults": dict(fleet.faults),
@@ -522,6 +526,7 @@ def render(result: Mapping[str, Any]) -> str:
         ("applied", result["applied"]),
         ("skipped (copies)", result["skipped_copies"]),
         ("refused (superseded owner)", result["refused"]),
+        ("early (held back, applied from a later copy)", result["early"]),
         ("late / gaps", f"{result['late']} / {result['gaps']}"),
         ("lost", result["lost"]),
         ("applied twice", result["applied_twice"]),

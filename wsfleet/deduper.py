@@ -7,32 +7,47 @@ owner (a lower epoch) may still land a few records late. Within one connection
 ``(seq_gen, seq)`` orders the messages. Per connection the table keeps the highest
 ``(seq_gen, seq)`` applied, the epoch it was applied under (the highest epoch applied:
 an apply needs an epoch at least the stored one) and the **late seqs**: the seqs a
-gap jumped over that are still within ``hole_horizon`` of the highest. For an
-envelope:
+gap jumped over that are still within ``hole_horizon`` of the highest. An envelope's
+**predecessor** is its ``prev_seq``, the message sent just before it in the same sink
+call; it is applied when the stored ``seq_gen`` is the envelope's, the stored seq is at
+or above it and it is not a late seq (nothing stored: not applied). For an envelope:
 
-- **APPLY** when ``(seq_gen, seq)`` is above the stored position, or is one of the
-  late seqs, and ``epoch`` is not below the stored epoch;
-- **SKIP** (a copy) when it is neither: at or below the stored position and not a
-  late seq, whatever its epoch;
+- **SKIP** (a copy) when it is at or below the stored position and not a late seq,
+  whatever its epoch;
 - **REFUSE** (a stale owner) when it is not a copy and ``epoch`` is below the stored
   epoch. The owner of that higher epoch resumed from a checkpoint below every message
   the stale one sent and did not checkpoint, so it sends the same message itself:
-  refusing loses nothing.
+  refusing loses nothing;
+- **EARLY** when it is neither and has a predecessor that is not applied: the sink
+  sends it again after that one, and that copy is decided then;
+- **APPLY** otherwise: above the stored position or a late seq, from a current owner,
+  with its predecessor (if any) applied.
 
-Why late seqs: the Kinesis and Firehose sinks send again, after a request was partly
-refused, from the first refused record of a connection on, so a shard can hold
-``k+1, k, k+1`` (``worker/sinks/kinesis.py``). With the highest seq alone, ``k`` would
-be skipped as a copy and lost. ``k`` is applied when it comes (``Outcome.late``), after
-``k+1``: the effects of a connection are then not all in seq order. One request holds
-at most 500 records, so the default horizon of 500 seqs covers every such reorder; a
-seq that comes later than that is taken for a copy. ``hole_horizon=0`` remembers
-nothing: a seq at or below the highest applied is always a copy.
+Why predecessors: the Kinesis and Firehose sinks send again, after a request was
+partly refused, from the first refused record of a connection on, so a shard can hold
+``k+1, k, k+1`` (``worker/sinks/kinesis.py``). The early ``k+1`` names ``k``, which is
+not applied yet: EARLY. Then ``k`` and the second ``k+1`` are applied, in seq order.
+This holds in a connection's (or a new ``seq_gen``'s) first batch too: nothing is
+stored yet, so the early ``k+1`` shows no gap, and applied it would leave ``k`` to be
+skipped as a copy, lost.
+
+Why late seqs, still: an envelope without a predecessor (the first of a sink call, the
+SQS sink's, one written by an older worker) cannot be told early from a gap, and a
+stream may itself skip seqs. A seq a gap jumped over is applied when it comes
+(``Outcome.late``), after the higher one: those effects are not in seq order. One
+request holds at most 500 records, so the default horizon of 500 seqs covers every
+reorder of an older worker's sink; a seq that comes later than that is taken for a
+copy. ``hole_horizon=0`` remembers nothing: a seq at or below the highest applied is
+always a copy.
 
 Every decision is made by a conditional write: two consumers racing on one envelope
-cannot both apply it. A failed condition returns the stored item
-(``ReturnValuesOnConditionCheckFailure=ALL_OLD``), which tells SKIP from REFUSE with no
-read. The first write expects the next seq (the common case); a gap, a late seq or a
-new ``seq_gen`` takes a second, conditioned on exactly the item the first returned.
+cannot both apply it, nor apply an early one. A failed condition returns the stored
+item (``ReturnValuesOnConditionCheckFailure=ALL_OLD``), which tells SKIP, REFUSE and
+EARLY apart with no read. The first write expects the next seq (the common case) and,
+with a ``prev_seq``, an item that exists and does not await ``prev_seq`` as a late seq;
+a gap or a new ``seq_gen`` takes a second, conditioned on exactly the item the first
+returned, and a late seq one conditioned on that seq still awaited (and ``prev_seq``
+not).
 
 What each way of using it guarantees for the caller's effect:
 
@@ -50,7 +65,8 @@ What each way of using it guarantees for the caller's effect:
 
 A **gap** (a seq more than one above the stored one, same ``seq_gen``) is applied: a
 stream may skip (a worker running ``HANDLER_ERRORS=skip``, a ``json-field`` stream
-that cannot resume, a record a consumer passed over) or be reordered as above.
+that cannot resume, a record a consumer passed over) or be reordered by a sink as
+above when its envelopes carry no ``prev_seq``.
 :attr:`Outcome.gap` says how many seqs were jumped over, for the caller to log; those
 that come later are applied as late seqs. The first envelope of a connection or of a
 new ``seq_gen`` has no gap: where a stream starts is not known.
@@ -58,7 +74,12 @@ new ``seq_gen`` has no gap: where a stream starts is not known.
 What the rules assume: a seq names one message across owners. True for ``json-seq``
 and ``json-field`` (the upstream's own numbers); not for ``live``, which numbers on
 from the last checkpoint after a crash, giving seqs already used to **new** messages:
-these rules would skip them.
+these rules would skip them. And that an envelope with a ``prev_seq`` written before
+its predecessor is written again after it, as the Kinesis and Firehose sinks do (the
+SQS sink, which cannot, writes none). When the predecessor never lands (the worker
+skipped the batch after the sink's last attempt, ``HANDLER_ERRORS=skip``; a consumer
+passed a record over), what followed it in that sink call stays EARLY, not applied; the
+next call's first envelope is applied with a gap.
 
 Table layout: partition key ``connection_id`` (S), nothing else in the key; one item
 per connection: ``epoch``, ``seq_gen``, ``seq`` (N: the last applied), ``late`` (NS:
@@ -124,6 +145,10 @@ class Decision(enum.Enum):
     """A copy of a message already applied."""
     REFUSE = "refuse"
     """From an owner superseded by one whose messages were applied."""
+    EARLY = "early"
+    """Ahead of the message sent just before it in its batch (``prev_seq``), which is
+    not applied yet: not applied now. The sink writes it again after that one
+    (Kinesis and Firehose send again in order), so the copy that follows is applied."""
 
 
 class DedupStateError(RuntimeError):
@@ -185,7 +210,8 @@ class Outcome:
     late: bool = False
     """For APPLY: a seq a gap had jumped over, applied after higher ones."""
     stored: Position | None = None
-    """For SKIP and REFUSE: the stored position that made it so; None for APPLY."""
+    """For SKIP, REFUSE and EARLY: the stored position that made it so (None for EARLY
+    when nothing is stored); None for APPLY."""
 
 
 # --- the rules, pure --------------------------------------------------------------------
@@ -208,6 +234,12 @@ def validate(envelope: Envelope) -> None:
                 f"{name} of an envelope of {envelope.connection_id} must be an integer "
                 f"from 0 to 10**38 - 1, got {value!r}"
             )
+    prev_seq = envelope.prev_seq
+    if prev_seq is not None and (type(prev_seq) is not int or not 0 <= prev_seq < envelope.seq):
+        raise EnvelopeError(
+            f"prev_seq of an envelope of {envelope.connection_id} must be None or an "
+            f"integer from 0 to below seq ({envelope.seq}), got {prev_seq!r}"
+        )
 
 
 def is_ahead(stored: Position | None, envelope: Envelope) -> bool:
@@ -224,12 +256,29 @@ def is_late(stored: Position | None, envelope: Envelope, horizon: int) -> bool:
     )
 
 
+def predecessor_applied(stored: Position | None, envelope: Envelope) -> bool:
+    """Whether the message sent just before ``envelope`` in its batch is applied (true
+    when it names none): at or below the stored seq of its ``seq_gen`` and not awaited
+    as a late seq. The horizon plays no part: the late seqs kept are within it."""
+    prev_seq = envelope.prev_seq
+    if prev_seq is None:
+        return True
+    return (
+        stored is not None
+        and stored.seq_gen == envelope.seq_gen
+        and stored.seq >= prev_seq
+        and prev_seq not in stored.late
+    )
+
+
 def classify(stored: Position | None, envelope: Envelope, horizon: int = HOLE_HORIZON) -> Decision:
     """The decision for ``envelope`` when the connection's item holds ``stored``."""
     if not (is_ahead(stored, envelope) or is_late(stored, envelope, horizon)):
         return Decision.SKIP
     if stored is not None and envelope.epoch < stored.epoch:
         return Decision.REFUSE
+    if not predecessor_applied(stored, envelope):
+        return Decision.EARLY
     return Decision.APPLY
 
 
@@ -253,7 +302,9 @@ def late_after(stored: Position | None, envelope: Envelope, horizon: int) -> fro
 @dataclass(frozen=True, slots=True)
 class NextSeq:
     """Guard of the first write: nothing stored, or the seq just before the envelope's,
-    of its ``seq_gen``, at an epoch not above it. Leaves the late seqs as they are."""
+    of its ``seq_gen``, at an epoch not above it. Leaves the late seqs as they are.
+    With a ``prev_seq``, something stored (nothing: EARLY), and ``prev_seq`` not a late
+    seq."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,14 +318,15 @@ class Ahead:
 
 @dataclass(frozen=True, slots=True)
 class Late:
-    """Guard: the envelope's seq is still one of the late seqs, within the horizon."""
+    """Guard: the envelope's seq is still one of the late seqs, within the horizon, and
+    its ``prev_seq`` (if any) is not (it is below the stored seq, as the envelope's is)."""
 
 
 Guard = NextSeq | Ahead | Late
 
 
 def plan(stored: Position | None, envelope: Envelope, horizon: int) -> Outcome | Ahead | Late:
-    """After a write was refused with ``stored`` in the item: the SKIP or REFUSE
+    """After a write was refused with ``stored`` in the item: the SKIP, REFUSE or EARLY
     outcome, or the guard of the write that applies the envelope over it."""
     decision = classify(stored, envelope, horizon)
     if decision is not Decision.APPLY:
@@ -313,13 +365,25 @@ def dedup_update(
     }
     sets = ["#epoch = :epoch", "#received = :received", "#applied = :now"]
     clauses: list[str] = []
+    if isinstance(guard, Ahead) and not (
+        is_ahead(guard.stored, envelope)
+        and classify(guard.stored, envelope, horizon) is Decision.APPLY
+    ):
+        # The guard pins the item, so nothing else would stop the write.
+        raise ValueError(f"{envelope.key} does not apply above {guard.stored or 'no item'}")
     match guard:
         case NextSeq():
-            names |= {"#id": PARTITION_KEY, "#gen": SEQ_GEN, "#seq": SEQ}
+            names |= {"#gen": SEQ_GEN, "#seq": SEQ}
             values |= {":gen": _number(envelope.seq_gen), ":prev": _number(envelope.seq - 1)}
-            condition = (
-                "attribute_not_exists(#id) OR (#gen = :gen AND #seq = :prev AND #epoch <= :epoch)"
-            )
+            condition = "#gen = :gen AND #seq = :prev AND #epoch <= :epoch"
+            if envelope.prev_seq is None:
+                names["#id"] = PARTITION_KEY
+                condition = f"attribute_not_exists(#id) OR ({condition})"
+            elif envelope.prev_seq != envelope.seq - 1:
+                # The stored seq is seq - 1, above prev_seq: applied unless still awaited.
+                names["#late"] = LATE
+                values[":prev_seq"] = _number(envelope.prev_seq)
+                condition += " AND NOT contains(#late, :prev_seq)"
             sets += ["#gen = :gen", "#seq = :seq"]
             values[":seq"] = _number(envelope.seq)
         case Ahead(stored=None):
@@ -328,8 +392,6 @@ def dedup_update(
             sets += ["#gen = :gen", "#seq = :seq"]
             values |= {":gen": _number(envelope.seq_gen), ":seq": _number(envelope.seq)}
         case Ahead(stored=Position() as stored):
-            if not is_ahead(stored, envelope) or envelope.epoch < stored.epoch:
-                raise ValueError(f"{envelope.key} does not apply above {stored}")
             names |= {"#gen": SEQ_GEN, "#seq": SEQ, "#late": LATE}
             values |= {
                 ":gen": _number(envelope.seq_gen),
@@ -362,6 +424,9 @@ def dedup_update(
             condition = (
                 "#gen = :gen AND contains(#late, :seq) AND #seq < :limit AND #epoch <= :epoch"
             )
+            if envelope.prev_seq is not None:
+                values[":prev_seq"] = _number(envelope.prev_seq)
+                condition += " AND NOT contains(#late, :prev_seq)"
             clauses.append("DELETE #late :this")
     return {
         "UpdateExpression": " ".join(["SET " + ", ".join(sets), *clauses]),
@@ -498,7 +563,7 @@ class Deduper:
         """Decide, and on APPLY make ``effects`` (``TransactWriteItems`` entries:
         ``{"Put": {...}}``, ``{"Update": {...}}``, ``{"Delete": {...}}``,
         ``{"ConditionCheck": {...}}``, on other tables) in the same transaction: they
-        happen exactly once per message. On SKIP or REFUSE nothing is written.
+        happen exactly once per message. On SKIP, REFUSE or EARLY nothing is written.
 
         Raises :class:`EffectFailedError` when an effect cancelled it (nothing is
         written), :class:`ContendedError` after ``max_attempts``."""

@@ -2,14 +2,24 @@
 
 One envelope is one message of one connection, as compact JSON in UTF-8::
 
-    {"connection_id":"btc-eth","epoch":3,"seq_gen":0,"seq":42,"received_at":1767225604100,"payload":{...}}
+    {"connection_id":"btc-eth","epoch":3,"seq_gen":0,"seq":42,"prev_seq":41,"received_at":1767225604100,"payload":{...}}
 
-The keys are always these six, in this order. ``(connection_id, seq_gen, seq)`` names
-the message: the sinks are at-least-once, so a consumer drops an envelope whose name
-it has already seen. ``epoch`` is the lease epoch of the worker that sent it (a higher
-one means a later owner); ``received_at`` is the sending worker's wall clock, epoch
-milliseconds, when it handed the batch to the sink (informational: it differs between
-two copies of one message).
+The keys are always the six of :data:`KEYS`, in this order, plus ``prev_seq`` right
+after ``seq`` in every envelope the Kinesis and Firehose sinks write but the first of a
+connection in a sink call. ``(connection_id, seq_gen, seq)`` names the message: the
+sinks are at-least-once, so a consumer drops an envelope whose name it has already
+seen. ``epoch`` is the lease epoch of the worker that sent it (a higher one means a
+later owner); ``received_at`` is the sending worker's wall clock, epoch milliseconds,
+when it handed the batch to the sink (informational: it differs between two copies of
+one message).
+
+``prev_seq`` is the seq of the message the sending worker put just before this one in
+the same sink call (same connection and ``seq_gen``). Those sinks send a partly refused
+request's records again in order from a connection's first refused one, so a message
+whose ``prev_seq`` a consumer has not applied yet came early and will come again after
+it (:mod:`wsfleet.deduper`, EARLY). Absent: the first message of a connection in a
+call, every envelope of the SQS sink (SQS drops the later copy as a duplicate, so none
+would come), and those of a worker older than the key.
 
 This module is shared by the worker's sinks and by consumers, so it imports nothing
 of the worker.
@@ -24,7 +34,9 @@ from typing import Any, Final
 from wsfleet.schema import is_valid_connection_id
 
 KEYS: Final = ("connection_id", "epoch", "seq_gen", "seq", "received_at", "payload")
-"""The keys of an envelope, in the order :meth:`Envelope.to_bytes` writes them."""
+"""The keys every envelope has, in the order :meth:`Envelope.to_bytes` writes them."""
+PREV_SEQ: Final = "prev_seq"
+"""The key of :attr:`Envelope.prev_seq`, written after ``seq`` when there is one."""
 
 _NUMBERS: Final = ("epoch", "seq_gen", "seq", "received_at")
 
@@ -43,6 +55,11 @@ class Envelope:
     received_at_ms: int
     payload: Any
     """Any JSON value: the message as the connection's protocol decoded it."""
+    prev_seq: int | None = None
+    """The seq of the message sent just before this one in the same sink call, of the
+    same connection and ``seq_gen`` (below ``seq``); None for the first of a call and
+    for a sink that sends no copy after a partial refusal. Last, with a default, so
+    envelopes made without it are made as before."""
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -56,14 +73,16 @@ class Envelope:
         carry: then as escapes, which read back the same. NaN and the infinities are
         refused (not JSON): :class:`EnvelopeError`, as for any value JSON cannot
         hold."""
-        fields = {
+        fields: dict[str, Any] = {
             "connection_id": self.connection_id,
             "epoch": self.epoch,
             "seq_gen": self.seq_gen,
             "seq": self.seq,
-            "received_at": self.received_at_ms,
-            "payload": self.payload,
         }
+        if self.prev_seq is not None:
+            fields[PREV_SEQ] = self.prev_seq
+        fields["received_at"] = self.received_at_ms
+        fields["payload"] = self.payload
         try:
             if not ascii_only:
                 try:
@@ -95,11 +114,12 @@ class Envelope:
         if not isinstance(fields, dict):
             raise EnvelopeError(f"an envelope is a JSON object, got {type(fields).__name__}")
         missing = [key for key in KEYS if key not in fields]
-        extra = sorted(set(fields) - set(KEYS))
+        extra = sorted(set(fields) - set(KEYS) - {PREV_SEQ})
         if missing or extra:
             raise EnvelopeError(
                 "envelope keys are "
                 + ", ".join(KEYS)
+                + f", optionally {PREV_SEQ}"
                 + (f"; missing: {', '.join(missing)}" if missing else "")
                 + (f"; unexpected: {', '.join(extra)}" if extra else "")
             )
@@ -113,6 +133,13 @@ class Envelope:
             # bool is an int in Python but true/false in JSON: not a number here.
             if type(value) is not int or value < 0:
                 raise EnvelopeError(f"{name} must be an integer >= 0, got {value!r}")
+        prev_seq = fields.get(PREV_SEQ)
+        # Present means a seq: null is not how an envelope says there is none.
+        if PREV_SEQ in fields and (type(prev_seq) is not int or not 0 <= prev_seq < fields["seq"]):
+            raise EnvelopeError(
+                f"{PREV_SEQ} must be an integer >= 0 and below seq ({fields['seq']}), "
+                f"got {prev_seq!r}"
+            )
         return cls(
             connection_id=connection_id,
             epoch=fields["epoch"],
@@ -120,6 +147,7 @@ class Envelope:
             seq=fields["seq"],
             received_at_ms=fields["received_at"],
             payload=fields["payload"],
+            prev_seq=prev_seq,
         )
 
 

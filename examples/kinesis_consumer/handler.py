@@ -12,15 +12,20 @@ new and from a current owner, writes in the same transaction:
 
 A copy (a redelivery after a crash of a worker, or this function's own retry) and a
 superseded owner's late record write nothing; both are counted in the batch's log line.
-A seq the sink landed after a higher one (it does, after a partly refused request) is
-written when it comes, counted as late.
+After a partly refused request the sink lands a seq after a higher one and then that
+higher one again: the early copy, which names a seq not yet applied as the one sent
+before it, writes nothing either (counted as early), and both are written in seq order
+when they follow. A seq that comes after a higher one otherwise (a gap in the stream,
+or an envelope without ``prev_seq``) is written when it comes, counted as late.
 
 Failures follow Lambda's partial batch response: a record that fails (throttling, a
 timeout, an item DynamoDB refuses) is reported as the batch's only failure and
 nothing after it is tried, so Lambda gives it and every later record of the shard
-again, in order. Going on past it would give up the order: a later seq of the same
-connection applied first leaves the failed one to come back late, or to be taken for a
-copy once more than the deduper's horizon (500 seqs) went by. A record that is
+again, in order. Going on past it would be wrong: a later seq of the same connection
+is held back as early with no copy to follow (it names the failed one as its
+``prev_seq``), or, without one, applied first, leaving the failed one to come back
+late, or to be taken for a copy once more than the deduper's horizon (500 seqs) went
+by. A record that is
 no envelope is logged with its sequence number and passed over: it would fail every
 time, and must not hold the shard up.
 
@@ -73,6 +78,8 @@ class BatchTally:
     applied: int = 0
     skipped: int = 0
     refused: int = 0
+    early: int = 0
+    """Held back: ahead of the message sent before it, which comes again first."""
     malformed: int = 0
     late: int = 0
     """Of those applied: seqs a gap had jumped over, applied after higher ones."""
@@ -132,6 +139,8 @@ class KinesisConsumer:
                     )
             elif outcome.decision is Decision.SKIP:
                 tally.skipped += 1
+            elif outcome.decision is Decision.EARLY:
+                tally.early += 1
             else:
                 tally.refused += 1
                 stored_epoch = outcome.stored.epoch if outcome.stored else None
@@ -145,12 +154,13 @@ class KinesisConsumer:
                     number,
                 )
         log.info(
-            "batch of %d: applied %d (late %d), skipped %d, refused %d, malformed %d, "
-            "gaps %d (%d seqs jumped over)%s",
+            "batch of %d: applied %d (late %d), skipped %d, early %d, refused %d, "
+            "malformed %d, gaps %d (%d seqs jumped over)%s",
             len(event.get("Records", [])),
             tally.applied,
             tally.late,
             tally.skipped,
+            tally.early,
             tally.refused,
             tally.malformed,
             tally.gaps,

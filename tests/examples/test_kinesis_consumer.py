@@ -34,9 +34,16 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "kinesis_consumer"
 STREAM_ARN = "arn:aws:kinesis:us-east-1:123456789012:stream/fleet-envelopes"
 
 
-def envelope(cid: str, epoch: int, seq: int, seq_gen: int = 0, payload: Any = None) -> bytes:
+def envelope(
+    cid: str,
+    epoch: int,
+    seq: int,
+    seq_gen: int = 0,
+    payload: Any = None,
+    prev_seq: int | None = None,
+) -> bytes:
     body = {"price": seq} if payload is None else payload
-    return Envelope(cid, epoch, seq_gen, seq, NOW + seq, body).to_bytes()
+    return Envelope(cid, epoch, seq_gen, seq, NOW + seq, body, prev_seq).to_bytes()
 
 
 class Shard:
@@ -141,7 +148,7 @@ def test_a_batch_is_written_one_item_per_message_and_counted(ddb, tables, consum
     )
     assert consumer.handle(event) == {"batchItemFailures": []}
     assert summary(caplog) == (
-        "batch of 4: applied 4 (late 0), skipped 0, refused 0, malformed 0, "
+        "batch of 4: applied 4 (late 0), skipped 0, early 0, refused 0, malformed 0, "
         "gaps 0 (0 seqs jumped over)"
     )
     a = messages(ddb, output, "a")
@@ -172,7 +179,9 @@ def test_a_redelivery_after_a_crash_and_the_functions_own_retry_write_nothing_tw
     # the worker died; its successor (epoch 2) resumed from the checkpoint at 4
     replay = shard.event([envelope("a", 2, s) for s in range(5, 11)])
     assert consumer.handle(replay) == {"batchItemFailures": []}
-    assert summary(caplog).startswith("batch of 6: applied 2 (late 0), skipped 4, refused 0,")
+    assert summary(caplog).startswith(
+        "batch of 6: applied 2 (late 0), skipped 4, early 0, refused 0,"
+    )
     # Lambda gives the same batch again (as after a timeout)
     assert consumer.handle(replay) == {"batchItemFailures": []}
     assert summary(caplog).startswith("batch of 6: applied 0 (late 0), skipped 6,")
@@ -199,7 +208,9 @@ def test_a_superseded_owners_late_record_is_refused_and_logged(ddb, tables, cons
         f"a: refused seq_gen 0 seq 7 of epoch 1, superseded by epoch 2 (record {numbers(late)[1]})"
         in caplog.messages
     )
-    assert summary(caplog).startswith("batch of 3: applied 1 (late 0), skipped 1, refused 1,")
+    assert summary(caplog).startswith(
+        "batch of 3: applied 1 (late 0), skipped 1, early 0, refused 1,"
+    )
     assert messages(ddb, output, "a")[(0, 7)]["epoch"] == {"N": "2"}
     assert tally(ddb, output, "a") == 7
 
@@ -242,7 +253,7 @@ def test_a_record_that_is_no_envelope_is_logged_and_passed_over(
     assert logged.getMessage().startswith(f"record {bad} is no envelope, passed over: ")
     assert why in logged.getMessage()
     assert summary(caplog).startswith(
-        "batch of 3: applied 2 (late 0), skipped 0, refused 0, malformed 1,"
+        "batch of 3: applied 2 (late 0), skipped 0, early 0, refused 0, malformed 1,"
     )
     assert sorted(messages(ddb, output, "a")) == [(0, 1), (0, 2)]
 
@@ -258,17 +269,40 @@ def test_a_passed_over_seq_shows_as_a_gap_on_the_next_message(ddb, tables, consu
     assert summary(caplog).endswith("gaps 1 (2 seqs jumped over)")
 
 
-def test_a_seq_the_sink_landed_after_a_higher_one_is_written_once_when_it_comes(
+def test_an_early_record_of_the_sink_writes_nothing_and_its_copy_is_written_in_order(
     ddb, tables, consumer, caplog
 ):
-    """A partly refused PutRecords: 4 written, 3 refused; the sink sends 3 and 4 again."""
+    """A partly refused PutRecords: 4 written, 3 refused; the sink sends 3 and 4 again.
+    The early 4 names 3, not yet written, as the message before it."""
+    caplog.set_level(logging.INFO, logger=consumer_module.__name__)
+    _, output = tables
+    shard = Shard()
+    sent = [(1, None), (2, 1), (4, 3), (3, 2), (4, 3), (5, 4)]
+    event = shard.event([envelope("a", 1, s, prev_seq=p) for s, p in sent])
+    assert consumer.handle(event) == {"batchItemFailures": []}
+    assert summary(caplog) == (
+        "batch of 6: applied 5 (late 0), skipped 0, early 1, refused 0, malformed 0, "
+        "gaps 0 (0 seqs jumped over)"
+    )
+    written = messages(ddb, output, "a")
+    assert sorted(written) == [(0, s) for s in range(1, 6)]
+    # 4 was written from its copy, after 3
+    assert written[(0, 4)]["kinesis_sequence_number"] == {"S": numbers(event)[4]}
+    assert written[(0, 3)]["kinesis_sequence_number"] == {"S": numbers(event)[3]}
+    assert tally(ddb, output, "a") == 5
+
+
+def test_a_seq_an_older_sink_landed_after_a_higher_one_is_written_once_when_it_comes(
+    ddb, tables, consumer, caplog
+):
+    """As above, from a worker that writes no prev_seq: 4 is applied with a gap, 3 late."""
     caplog.set_level(logging.INFO, logger=consumer_module.__name__)
     _, output = tables
     shard = Shard()
     event = shard.event([envelope("a", 1, s) for s in (1, 2, 4, 3, 4, 5)])
     assert consumer.handle(event) == {"batchItemFailures": []}
     assert summary(caplog) == (
-        "batch of 6: applied 5 (late 1), skipped 1, refused 0, malformed 0, "
+        "batch of 6: applied 5 (late 1), skipped 1, early 0, refused 0, malformed 0, "
         "gaps 1 (1 seqs jumped over)"
     )
     written = messages(ddb, output, "a")

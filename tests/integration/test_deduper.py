@@ -22,19 +22,24 @@ from wsfleet.deduper import (
     Deduper,
     DedupStateError,
     EffectFailedError,
+    Guard,
+    Late,
+    NextSeq,
     Outcome,
     Position,
     create_dedup_table,
+    dedup_update,
+    key,
 )
 from wsfleet.envelope import Envelope, EnvelopeError
 
 NOW = 1_767_225_600_000
 CID = "acme-quotes"
-APPLY, SKIP, REFUSE = Decision.APPLY, Decision.SKIP, Decision.REFUSE
+APPLY, SKIP, REFUSE, EARLY = Decision.APPLY, Decision.SKIP, Decision.REFUSE, Decision.EARLY
 
 
-def env(epoch: int, seq_gen: int, seq: int, cid: str = CID) -> Envelope:
-    return Envelope(cid, epoch, seq_gen, seq, NOW + seq, {"n": seq})
+def env(epoch: int, seq_gen: int, seq: int, cid: str = CID, *, prev: int | None = None) -> Envelope:
+    return Envelope(cid, epoch, seq_gen, seq, NOW + seq, {"n": seq}, prev_seq=prev)
 
 
 @pytest.fixture
@@ -280,6 +285,85 @@ def test_a_sinks_reorder_loses_nothing_and_applies_each_once(ddb, effects_table,
         assert writes(ddb, effects_table) == {key_of(0, s): 1 for s in range(1, 16)}
 
 
+@pytest.mark.parametrize("method", ["decide", "transact"])
+def test_a_partial_refusal_in_a_first_batch_applies_each_message_once_in_order(
+    ddb, effects_table, deduper, method
+):
+    """A connection's first batch 1, 2, 3: PutRecords refused 1 and wrote 2 and 3; the
+    sink sends 1, 2, 3 again. Then the batch 4, 5, 6, with 5 refused."""
+
+    def run(envelope: Envelope) -> Outcome:
+        if method == "decide":
+            return deduper.decide(envelope)
+        return deduper.transact(envelope, [count_once(effects_table, envelope)])
+
+    first = [env(1, 0, 1), env(1, 0, 2, prev=1), env(1, 0, 3, prev=2)]
+    second = [env(1, 0, 4), env(1, 0, 5, prev=4), env(1, 0, 6, prev=5)]
+    shard = [first[1], first[2], *first, second[0], second[2], second[1], second[2]]
+    outcomes = [run(e) for e in shard]
+    assert outcomes[:2] == [Outcome(EARLY), Outcome(EARLY)]  # nothing stored yet
+    assert [o.decision for o in outcomes[2:]] == [APPLY] * 4 + [EARLY] + [APPLY] * 2
+    assert outcomes[6] == Outcome(EARLY, stored=Position(1, 0, 4))
+    assert not any(o.late or o.gap for o in outcomes)
+    applied_in_order = [e.seq for e, o in zip(shard, outcomes, strict=True) if o.decision is APPLY]
+    assert applied_in_order == [1, 2, 3, 4, 5, 6]
+    assert deduper.stored(CID) == Position(1, 0, 6)
+    if method == "transact":  # an early one wrote nothing
+        assert writes(ddb, effects_table) == {key_of(0, s): 1 for s in range(1, 7)}
+
+
+@pytest.mark.parametrize("method", ["decide", "transact"])
+def test_an_envelope_whose_predecessor_is_awaited_is_refused_by_the_first_write(
+    ddb, dedup_table, effects_table, deduper, method
+):
+    """The item holds 10, awaiting 9 (an older worker's gap): 11, sent after 9, is the
+    next seq, and only the write's own condition on the late seqs makes it EARLY."""
+
+    def run(envelope: Envelope) -> Outcome:
+        if method == "decide":
+            return deduper.decide(envelope)
+        return deduper.transact(envelope, [count_once(effects_table, envelope)])
+
+    awaiting = Position(1, 0, 10, frozenset({9}))
+    store(ddb, dedup_table, awaiting)
+    assert run(env(1, 0, 11, prev=9)) == Outcome(EARLY, stored=awaiting)
+    assert deduper.stored(CID) == awaiting
+    assert run(env(1, 0, 9, prev=8)) == Outcome(APPLY, late=True)
+    assert run(env(1, 0, 11, prev=9)) == Outcome(APPLY)
+    assert deduper.stored(CID) == Position(1, 0, 11)
+    if method == "transact":
+        assert writes(ddb, effects_table) == {key_of(0, 9): 1, key_of(0, 11): 1}
+
+
+@pytest.mark.parametrize(
+    ("stored", "envelope", "guard", "passes"),
+    [
+        (None, env(1, 0, 1), NextSeq(), True),
+        (None, env(1, 0, 1, prev=0), NextSeq(), False),  # nothing stored: not applied
+        (Position(1, 0, 10), env(1, 0, 11, prev=10), NextSeq(), True),
+        (Position(1, 0, 10), env(1, 0, 11, prev=8), NextSeq(), True),  # no late attribute
+        (Position(1, 0, 10, frozenset({7})), env(1, 0, 11, prev=8), NextSeq(), True),
+        (Position(1, 0, 10, frozenset({8})), env(1, 0, 11, prev=8), NextSeq(), False),
+        (Position(1, 0, 10, frozenset({8, 9})), env(1, 0, 9, prev=7), Late(), True),
+        (Position(1, 0, 10, frozenset({8, 9})), env(1, 0, 9, prev=8), Late(), False),
+        (Position(1, 0, 10, frozenset({9})), env(1, 0, 9, prev=8), Late(), True),
+    ],
+)
+def test_the_predecessor_conditions_as_dynamodb_runs_them(
+    ddb, dedup_table, stored, envelope, guard: Guard, passes
+):
+    if stored is not None:
+        store(ddb, dedup_table, stored)
+    update = dedup_update(envelope, NOW, guard)
+    call = partial(ddb.update_item, TableName=dedup_table, Key=key(CID), **update)
+    if passes:
+        call()
+        return
+    with pytest.raises(ClientError, match="ConditionalCheckFailedException"):
+        call()
+    assert Deduper(ddb, dedup_table).stored(CID) == stored
+
+
 def test_without_a_horizon_the_reordered_seq_is_taken_for_a_copy(ddb, dedup_table):
     deduper = Deduper(ddb, dedup_table, hole_horizon=0)
     assert decisions(deduper.decide, [env(1, 0, s) for s in (1, 3, 2, 3)]) == [
@@ -516,6 +600,7 @@ def test_preview_then_effect_then_decide_repeats_the_effect_instead(deduper):
     assert deduper.decide(envelope) == Outcome(APPLY)
     assert deduper.preview(envelope) == Outcome(SKIP, stored=Position(1, 0, 1))
     assert deduper.preview(env(1, 0, 4)) == Outcome(APPLY, gap=2)
+    assert deduper.preview(env(1, 0, 4, prev=3)) == Outcome(EARLY, stored=Position(1, 0, 1))
     assert deduper.stored(CID) == Position(1, 0, 1)  # preview writes nothing
 
 

@@ -116,5 +116,5 @@ def test_the_command_prints_a_line_per_message_and_drains_on_sigterm(
     applied = re.findall(r"^applied connection_id=(\w+) seq_gen=0 seq=(\d+) epoch=1 ", output, re.M)
     assert sorted(applied) == [("a", "1"), ("a", "2"), ("a", "3"), ("b", "1"), ("b", "2")]
     assert output.splitlines()[-1] == (
-        "tally applied=5 skipped=1 refused=0 malformed=0 late=0 gaps=0 (final)"
+        "tally applied=5 skipped=1 refused=0 malformed=0 late=0 gaps=0 early=0 (final)"
     ), output

@@ -10,6 +10,7 @@ import pytest
 from wsfleet.envelope import KEYS, Envelope, EnvelopeError
 
 ENVELOPE = Envelope("btc-eth", 3, 1, 42, 1767225604100, {"price": "64211.37", "n": [1, 2.5]})
+FOLLOWING = Envelope("btc-eth", 3, 1, 43, 1767225604100, "next", prev_seq=42)
 
 
 def test_the_bytes_are_compact_json_with_the_six_keys_in_order():
@@ -18,6 +19,29 @@ def test_the_bytes_are_compact_json_with_the_six_keys_in_order():
         b'"received_at":1767225604100,"payload":{"price":"64211.37","n":[1,2.5]}}'
     )
     assert tuple(json.loads(ENVELOPE.to_bytes())) == KEYS
+
+
+def test_prev_seq_is_written_after_seq_when_there_is_one():
+    assert FOLLOWING.to_bytes() == (
+        b'{"connection_id":"btc-eth","epoch":3,"seq_gen":1,"seq":43,"prev_seq":42,'
+        b'"received_at":1767225604100,"payload":"next"}'
+    )
+    assert ENVELOPE.prev_seq is None
+    assert b"prev_seq" not in ENVELOPE.to_bytes()
+
+
+@pytest.mark.parametrize(
+    "envelope",
+    [
+        ENVELOPE,
+        FOLLOWING,
+        Envelope("c-1", 1, 0, 1, 0, None, prev_seq=0),
+        Envelope("c-1", 1, 0, 10**30, 0, None, prev_seq=10**30 - 7),  # a gap in the call
+    ],
+)
+def test_an_envelope_with_or_without_prev_seq_reads_back_the_same(envelope):
+    assert Envelope.from_bytes(envelope.to_bytes()) == envelope
+    assert Envelope.from_bytes(envelope.to_bytes(ascii_only=True)) == envelope
 
 
 @pytest.mark.parametrize(
@@ -92,6 +116,14 @@ def without(name: str) -> bytes:
         (with_field(seq=-1), "seq must be an integer >= 0, got -1"),
         (with_field(seq=4.0), "seq must be an integer >= 0, got 4.0"),
         (with_field(received_at=None), "received_at must be an integer >= 0, got None"),
+        (with_field(prev_seq=42), r"prev_seq must be an integer >= 0 and below seq \(42\), got 42"),
+        (with_field(prev_seq=43), "prev_seq must be .* got 43$"),
+        (with_field(prev_seq=-1), "prev_seq must be .* got -1$"),
+        (with_field(prev_seq=None), "prev_seq must be .* got None$"),
+        (with_field(prev_seq="41"), "prev_seq must be .* got '41'$"),
+        (with_field(prev_seq=41.0), "prev_seq must be .* got 41.0$"),
+        (with_field(prev_seq=False), "prev_seq must be .* got False$"),
+        (with_field(prev=41), "unexpected: prev$"),
     ],
 )
 def test_what_is_not_an_envelope_is_refused_saying_why(data, why):

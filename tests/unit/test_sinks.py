@@ -182,6 +182,38 @@ async def test_kinesis_envelopes_carry_the_delivery_and_one_stamp_per_batch():
     assert sleeps.delays == []
 
 
+async def test_kinesis_envelopes_name_the_seq_sent_before_them_in_the_call():
+    client, sleeps = FakeKinesis(refuse_once(2)), Sleeps()
+    sink = kinesis_sink(client, sleeps)
+    await sink.handle_batch(deliveries(3))
+    await sink.handle_batch(deliveries(2, first=4))
+    # the copies sent again are the same envelopes: 3 names 2 both times
+    assert [(e.seq, e.prev_seq) for e in client.written] == [
+        (1, None), (3, 2), (2, 1), (3, 2), (4, None), (5, 4),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("sink", ["kinesis", "firehose"])
+async def test_a_batch_of_several_connections_names_each_ones_own_previous_seq(sink):
+    batch = [
+        Delivery("a", 1, 5, None, "w", seq_gen=0),
+        Delivery("b", 1, 9, None, "w", seq_gen=0),
+        Delivery("a", 1, 6, None, "w", seq_gen=0),
+        Delivery("a", 1, 1, None, "w", seq_gen=1),  # a new stream starts afresh
+        Delivery("a", 1, 2, None, "w", seq_gen=1),
+        Delivery("b", 1, 9, None, "w", seq_gen=0),  # not above the one before: none
+    ]
+    if sink == "kinesis":
+        kinesis_client = FakeKinesis()
+        await kinesis_sink(kinesis_client, Sleeps()).handle_batch(batch)
+        written = kinesis_client.written
+    else:
+        firehose_client = FakeFirehose()
+        await firehose_sink(firehose_client, Sleeps()).handle_batch(batch)
+        written = [Envelope.from_bytes(line) for line in firehose_client.written]
+    assert [e.prev_seq for e in written] == [None, None, 5, None, 1, None]
+
+
 async def test_kinesis_names_a_stream_given_by_arn_by_its_arn():
     arn = "arn:aws:kinesis:eu-west-1:123456789012:stream/stream-1"
     client = FakeKinesis()
@@ -227,13 +259,15 @@ async def test_kinesis_requests_keep_to_5_mib_counting_the_partition_keys():
     # Ten records of 512 KiB - 60 bytes of data would fit in 5 MiB; with their
     # partition keys of 100 bytes they do not.
     key = "k" * 100
-    overhead = len(Envelope(key, 1, 0, 10, NOW_MS, "").to_bytes())
+    overhead = len(Envelope(key, 1, 0, 10, NOW_MS, "", prev_seq=10).to_bytes())
     filler = "x" * (512 * 1024 - 60 - overhead)
     batch = [Delivery(key, 1, seq, filler, "w") for seq in range(11, 21)]
     client = FakeKinesis()
     await kinesis_sink(client, Sleeps()).handle_batch(batch)
     assert [len(r) for r in client.requests] == [9, 1]
-    assert all(len(e.to_bytes()) == 512 * 1024 - 60 for e in client.written)
+    # the first has no prev_seq
+    first = 512 * 1024 - 60 - len(',"prev_seq":10')
+    assert [len(e.to_bytes()) for e in client.written] == [first] + [512 * 1024 - 60] * 9
 
 
 async def test_kinesis_gives_up_after_the_last_attempt_naming_the_message():
@@ -283,8 +317,8 @@ async def test_firehose_sends_again_from_the_first_refused_record_of_the_connect
     client, sleeps = FakeFirehose(refuse_once(2)), Sleeps()
     await firehose_sink(client, sleeps).handle_batch(deliveries(3))
     assert [[e.seq for e in r] for r in client.requests] == [[1, 2, 3], [2, 3]]
-    seqs = [Envelope.from_bytes(line).seq for line in client.written]
-    assert seqs == [1, 3, 2, 3]
+    written = [Envelope.from_bytes(line) for line in client.written]
+    assert [(e.seq, e.prev_seq) for e in written] == [(1, None), (3, 2), (2, 1), (3, 2)]
     assert sleeps.delays == [BACKOFF_INITIAL]
 
 
@@ -320,6 +354,8 @@ async def test_sqs_sends_again_only_the_refused_entries():
     ]
     assert seqs == [list(range(1, 11)), [2, 11, 12, 13, 14, 15]]
     assert sleeps.delays == [BACKOFF_INITIAL]
+    # SQS drops a later copy as a duplicate: nothing may wait for one
+    assert {e.prev_seq for e in client.written} == {None}
     first = client.requests[0][0]
     assert first["MessageGroupId"] == "c-1"
     assert first["MessageDeduplicationId"] == deduplication_id("c-1", 2, 1)
@@ -424,14 +460,24 @@ def test_a_factory_makes_its_sink_with_a_client_of_boto3s_endpoint(
 
 
 async def test_what_a_consumer_reads_is_the_envelope_json_of_the_delivery():
-    (one,) = deliveries(1)
     client = FakeKinesis()
-    await kinesis_sink(client, Sleeps()).handle_batch([one])
-    assert json.loads(client.written[0].to_bytes()) == {
-        "connection_id": "c-1",
-        "epoch": 7,
-        "seq_gen": 2,
-        "seq": 1,
-        "received_at": NOW_MS,
-        "payload": {"seq": 1},
-    }
+    await kinesis_sink(client, Sleeps()).handle_batch(deliveries(2))
+    assert [json.loads(e.to_bytes()) for e in client.written] == [
+        {
+            "connection_id": "c-1",
+            "epoch": 7,
+            "seq_gen": 2,
+            "seq": 1,
+            "received_at": NOW_MS,
+            "payload": {"seq": 1},
+        },
+        {
+            "connection_id": "c-1",
+            "epoch": 7,
+            "seq_gen": 2,
+            "seq": 2,
+            "prev_seq": 1,
+            "received_at": NOW_MS,
+            "payload": {"seq": 2},
+        },
+    ]

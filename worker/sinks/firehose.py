@@ -22,6 +22,7 @@ from worker.sinks.sending import (
     Refusal,
     default_rng,
     envelope_of,
+    prev_seqs,
     record,
     run_blocking,
     send_all,
@@ -47,7 +48,9 @@ class FirehoseSink:
     whole batch again later. As in :class:`~worker.sinks.kinesis.KinesisSink`, from
     the first refused record of a connection on, every later record of that
     connection in the request goes again too: the last copies of a connection's
-    messages are then in seq order, at the price of duplicates.
+    messages are then in seq order, at the price of duplicates; and each envelope
+    names the seq sent before it (``prev_seq``), so a consumer holds back the early
+    ones.
     """
 
     def __init__(
@@ -71,8 +74,8 @@ class FirehoseSink:
     async def handle_batch(self, deliveries: Sequence[Delivery]) -> None:
         received_at = self._clock_ms()
         records: list[Record[Entry]] = []
-        for delivery in deliveries:
-            data = envelope_of(delivery, received_at).to_bytes() + b"\n"
+        for delivery, prev_seq in zip(deliveries, prev_seqs(deliveries), strict=True):
+            data = envelope_of(delivery, received_at, prev_seq).to_bytes() + b"\n"
             records.append(record(FIREHOSE_LIMITS, delivery, Entry(Data=data), len(data)))
         await send_all(
             records,

@@ -22,6 +22,7 @@ from worker.sinks.sending import (
     Refusal,
     default_rng,
     envelope_of,
+    prev_seqs,
     record,
     run_blocking,
     send_all,
@@ -54,13 +55,13 @@ class KinesisSink:
     written the shard holds k+1 before k, whatever is sent next. Sending k alone
     would leave k+1, k; sending k and k+1 gives k+1, k, k+1: one more duplicate, but
     the last copies of a connection's messages are always in seq order, and the full
-    run k, k+1 follows the early k+1. What this means for a consumer that drops
-    copies by ``(seq_gen, seq)``: one that keeps only the highest seq applied takes
-    the early k+1 (a gap of one) and then drops k as a copy, so it loses k; one that
-    takes only the seq after the highest, and drops any other, drops the early k+1
-    and then takes k and k+1, losing nothing (it cannot tell this from a gap in the
-    stream itself, though); one that remembers every seq it took, or lets each copy
-    overwrite the last, ends with every message (or the latest) either way.
+    run k, k+1 follows the early k+1. Each envelope but the first of a connection in
+    the call names the seq sent just before it (``prev_seq``), so a consumer can tell
+    the early k+1 from a gap: it names k, which it has not applied. The deduper
+    (:mod:`wsfleet.deduper`) holds it back (EARLY) and applies k and then k+1 when they
+    follow: every message once, in seq order, in a connection's first batch too. A
+    consumer that keeps only the highest seq applied and ignores ``prev_seq`` would
+    take the early k+1 and then drop k as a copy, losing it.
     """
 
     def __init__(
@@ -89,8 +90,8 @@ class KinesisSink:
     async def handle_batch(self, deliveries: Sequence[Delivery]) -> None:
         received_at = self._clock_ms()
         records: list[Record[Entry]] = []
-        for delivery in deliveries:
-            data = envelope_of(delivery, received_at).to_bytes()
+        for delivery, prev_seq in zip(deliveries, prev_seqs(deliveries), strict=True):
+            data = envelope_of(delivery, received_at, prev_seq).to_bytes()
             key = delivery.connection_id
             # Kinesis counts the partition key's UTF-8 bytes with the data.
             size = len(data) + len(key.encode())

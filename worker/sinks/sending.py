@@ -39,7 +39,7 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def envelope_of(delivery: Delivery, received_at_ms: int) -> Envelope:
+def envelope_of(delivery: Delivery, received_at_ms: int, prev_seq: int | None = None) -> Envelope:
     return Envelope(
         connection_id=delivery.connection_id,
         epoch=delivery.epoch,
@@ -47,7 +47,28 @@ def envelope_of(delivery: Delivery, received_at_ms: int) -> Envelope:
         seq=delivery.seq,
         received_at_ms=received_at_ms,
         payload=delivery.payload,
+        prev_seq=prev_seq,
     )
+
+
+def prev_seqs(deliveries: Sequence[Delivery]) -> list[int | None]:
+    """Each delivery's ``prev_seq``: the seq of the delivery before it in the batch of
+    the same connection, when of the same ``seq_gen`` and below its seq; else None.
+
+    Only for a sink that sends again, after a partial refusal, every later record of
+    the connection (``keep_order``): a consumer holds back a message whose
+    ``prev_seq`` it has not applied (:class:`wsfleet.deduper.Decision`, EARLY) until
+    the copy that follows that one."""
+    last: dict[str, tuple[int, int]] = {}
+    prevs: list[int | None] = []
+    for delivery in deliveries:
+        before = last.get(delivery.connection_id)
+        if before is not None and before[0] == delivery.seq_gen and before[1] < delivery.seq:
+            prevs.append(before[1])
+        else:
+            prevs.append(None)
+        last[delivery.connection_id] = (delivery.seq_gen, delivery.seq)
+    return prevs
 
 
 @dataclass(frozen=True, slots=True)

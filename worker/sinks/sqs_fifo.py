@@ -64,6 +64,9 @@ class SqsFifoSink:
     it may on an internal error), the group holds k+1 before k and no later copy of
     k+1: a consumer that keeps only the highest seq applied loses k, one that takes
     only the next seq loses k+1; one that remembers every seq it took loses neither.
+    For the same reason its envelopes carry no ``prev_seq``: a message a consumer held
+    back until the one before it came would not come again. The deduper applies k+1
+    with a gap and k late.
     """
 
     def __init__(
@@ -88,6 +91,8 @@ class SqsFifoSink:
         received_at = self._clock_ms()
         records: list[Record[Entry]] = []
         for number, delivery in enumerate(deliveries):
+            # No prev_seq: SQS drops a later copy of a message as a duplicate, so one a
+            # consumer held back as early would never come again.
             envelope = envelope_of(delivery, received_at)
             body = envelope.to_bytes().decode()
             if any(c in body for c in _NOT_IN_SQS):
