@@ -129,6 +129,7 @@ class TcpProxy:
         self._links.add(task)
         self.stats.connections += 1
         upstream_w: asyncio.StreamWriter | None = None
+        closing = True
         try:
             upstream_r, upstream_w = await asyncio.open_connection(*self._target)
             await asyncio.gather(
@@ -137,11 +138,20 @@ class TcpProxy:
             )
         except OSError:
             pass  # the target refused, or a peer reset: the link ends
+        except asyncio.CancelledError:
+            # The proxy is closing and its loop stops next: a close would wait for
+            # buffers a blackholed peer never takes, and the socket would outlive it.
+            closing = False
+            raise
         finally:
             self._links.discard(task)
             for writer in (client_w, upstream_w):
-                if writer is not None:
+                if writer is None:
+                    continue
+                if closing:
                     writer.close()
+                else:
+                    writer.transport.abort()
 
     async def _pipe(
         self,
