@@ -77,6 +77,8 @@ class TcpProxy:
         self._delay = 0.0
         self._changed = asyncio.Event()
         self._links: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+        """Every socket of every link, open or closing: aborted at :meth:`close`."""
         self.stats = ProxyStats()
 
     @property
@@ -114,6 +116,14 @@ class TcpProxy:
         for task in list(self._links):
             task.cancel()
         await asyncio.gather(*self._links, return_exceptions=True)
+        # A closed link's socket still waits to flush what a blackholed or slow peer
+        # never took, and its loop stops after this: abort them all, then let the loop
+        # run the callbacks that close the sockets.
+        for writer in self._writers:
+            writer.transport.abort()
+        self._writers.clear()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -129,29 +139,21 @@ class TcpProxy:
         self._links.add(task)
         self.stats.connections += 1
         upstream_w: asyncio.StreamWriter | None = None
-        closing = True
+        self._writers.add(client_w)
         try:
             upstream_r, upstream_w = await asyncio.open_connection(*self._target)
+            self._writers.add(upstream_w)
             await asyncio.gather(
                 self._pipe(client_r, upstream_w, client_w),
                 self._pipe(upstream_r, client_w, upstream_w),
             )
         except OSError:
             pass  # the target refused, or a peer reset: the link ends
-        except asyncio.CancelledError:
-            # The proxy is closing and its loop stops next: a close would wait for
-            # buffers a blackholed peer never takes, and the socket would outlive it.
-            closing = False
-            raise
         finally:
             self._links.discard(task)
             for writer in (client_w, upstream_w):
-                if writer is None:
-                    continue
-                if closing:
+                if writer is not None:
                     writer.close()
-                else:
-                    writer.transport.abort()
 
     async def _pipe(
         self,
