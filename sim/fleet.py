@@ -30,6 +30,7 @@ from worker.delivery import Delivery
 from worker.fleet_worker import Worker, WorkerDeps
 from worker.reconciler import sweep_bound
 from worker.upstream_protocol import load_protocol
+from wsfleet import schema
 from wsfleet.lease_store import LeaseStore
 from wsfleet.session_store import SessionStore
 from wsfleet.timing import LeaseTiming
@@ -222,6 +223,17 @@ class WorkerProcess:
     def alive(self) -> bool:
         return not self.loop.crashed and not self.exited
 
+    def _releasing(self) -> set[str]:
+        """The connections this worker has decided to give back (a stop, a hand-off):
+        a release in flight at a crash lands after it, and no reap moves them."""
+        if self.worker is None:
+            return set()
+        return {
+            cid
+            for cid, runner in self.worker.holdings.runners.items()
+            if runner.state.ending is not None and runner.state.ending.releases
+        }
+
     def terminate(self) -> None:
         if self.terminated_at is None:
             self.terminated_at = self.fleet.world.now
@@ -237,7 +249,10 @@ class WorkerProcess:
             for p in self.fleet.alive()
             if p is not self and p.worker is not None
         )
-        self.fleet.monitor.crashed(self.name, room)
+        monitor = self.fleet.monitor
+        streamed = monitor.streamed_by(self.name)
+        given_back = set(self.fleet.not_held_by(self.name, streamed)) | self._releasing()
+        monitor.crashed(self.name, room, given_back)
         self.fleet.capacity_changed()
 
 
@@ -414,6 +429,21 @@ class Fleet:
         self.impaired[process.name] = max(self.impaired.get(process.name, 0.0), until)
         self.capacity_changed()
         self.world.at(until, self.capacity_changed)
+
+    def not_held_by(self, worker: str, connection_ids: Sequence[str]) -> list[str]:
+        """Those of ``connection_ids`` whose item ``worker`` does not hold now (read
+        from the table's truth, outside every fault)."""
+        client = SimDynamoDBClient(self.engine, lambda: self.world.now)
+        found = []
+        for connection_id in connection_ids:
+            key = {
+                schema.PARTITION_KEY: {"S": schema.partition_key(connection_id)},
+                schema.SORT_KEY: {"S": schema.CONNECTION_SORT_KEY},
+            }
+            item = client.get_item(TableName=TABLE, Key=key, ConsistentRead=True).get("Item", {})
+            if item.get(schema.LEASE_OWNER, {}).get("S") != worker:
+                found.append(connection_id)
+        return found
 
     def capacity_changed(self) -> None:
         """While the workers that can take connections have no room for every one, a

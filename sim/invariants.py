@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from sim.failover import FailoverWatch
@@ -180,13 +181,20 @@ class Monitor:
         those named in ``but``) is the fault's, not the fleet's."""
         self._excuses.append((start, end, connection_id, but))
 
-    def crashed(self, worker: str, room: int = 0) -> None:
-        """A dead process handles nothing: its calls in flight end with it. What it
-        ran must run elsewhere within the failover bound (invariant 7), when the
-        survivors had ``room`` free slots for it."""
-        running = sorted(
+    def streamed_by(self, worker: str) -> list[str]:
+        """The started connections whose stream ``worker`` opened last."""
+        return sorted(
             cid for cid, c in self._connections.items() if c.started and c.streamed_by == worker
         )
+
+    def crashed(self, worker: str, room: int = 0, given_back: Collection[str] = ()) -> None:
+        """A dead process handles nothing: its calls in flight end with it. What it
+        ran must run elsewhere within the failover bound (invariant 7), when the
+        survivors had ``room`` free slots for it. ``given_back``: connections it still
+        streamed but no longer held in the table (a release landed, a hand-off's
+        notice not yet written): no reap moves them, so the crash bound is not theirs;
+        a hint or the sweep of free connections is (invariant 3 watches them)."""
+        running = [cid for cid in self.streamed_by(worker) if cid not in given_back]
         self.failovers.crashed(worker, self.now(), running, room)
         self._crashed_at.setdefault(worker, self.now())
         for connection in self._connections.values():

@@ -58,6 +58,10 @@ class Holdings:
         ]
 
     def recently_released(self, connection_id: str, now: float) -> bool:
+        if connection_id in self.unanswered:
+            # Given up without an answer: it may still be this session's, and only the
+            # own-check's stray release settles it (a restart meanwhile waits on it).
+            return False
         released = self.released.get(connection_id)
         return released is not None and now - released < RELEASED_RECENTLY_SECONDS
 

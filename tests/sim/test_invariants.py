@@ -111,6 +111,24 @@ def test_a_crash_failover_past_the_bound_breaks_invariant_7() -> None:
     assert invariants(m) == [7]
 
 
+def test_a_connection_the_crashed_worker_was_giving_back_is_not_a_crash_failover() -> None:
+    """A release in flight at the crash (a hand-off whose notice was never written)
+    leaves the connection free, not with the dead session: no reap moves it, so the
+    crash bound is not its promise (the sweep of free connections is, and invariant 3
+    watches it)."""
+    clock = Clock()
+    m = monitor(clock)
+    m.started("c1")
+    m.streaming("c1", "w1")
+    clock.now = 10.0
+    m.crashed("w1", room=10, given_back={"c1"})
+    clock.now = 16.0
+    m.streaming("c1", "w2")
+    m.check_failovers()
+    assert invariants(m) == []
+    assert m.failovers.judged == 0
+
+
 def test_a_failover_within_the_bound_or_outside_its_conditions_is_not_judged_late() -> None:
     clock = Clock()
     m = crash_of_a_streaming_worker(clock, room=10)
