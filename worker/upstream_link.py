@@ -28,6 +28,7 @@ from worker.connection_settings import ConnectionSettings
 from worker.connection_state import ConnectionState
 from worker.credentials import NO_CREDENTIALS, Credentials, SecretError
 from worker.failing_mark import FailingMark
+from worker.patient_connection import PatientConnection
 from worker.upstream_failures import Verdict, describe
 from worker.upstream_health import UpstreamHealth
 from worker.upstream_protocol import UpstreamProtocol, open_frames, with_query
@@ -199,6 +200,7 @@ class UpstreamLink:
             ping_timeout=s.ping_timeout,
             close_timeout=1.0,
             max_size=s.max_message_bytes,
+            create_connection=PatientConnection,
             logger=None if credentials is NO_CREDENTIALS else _handshake_log,
         )
         return ws, frames
