@@ -148,9 +148,10 @@ def worker_round(
     mode: str = "single",
     rate: float = 0.0,
     accelerators: dict[str, str] | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One worker owning ``connections`` rate=0 connections, with the no-op handler
-    of ``mode``; its rate and CPU."""
+    """One worker owning ``connections`` connections, with the no-op handler of
+    ``mode`` (or what ``extra_env`` sets: a sink); its rate and CPU."""
     deployment = stack.deployment(f"throughput{round_no}{mode}")
     [worker] = deployment.start_workers(
         [f"tp{round_no}{mode}"],
@@ -159,6 +160,7 @@ def worker_round(
             worker_settings.HANDLER: HANDLERS[mode],
             worker_settings.METRICS_INTERVAL_SECONDS: str(STATS_INTERVAL_S),
             **(accelerators or {}),
+            **(extra_env or {}),
         },
     )
     feed_pids = [feed.process.pid for feed in stack.feed_processes]

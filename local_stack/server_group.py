@@ -60,6 +60,10 @@ class LocalServers:
     def feed_processes(self) -> list[ManagedProcess]:
         return self._servers[2:]
 
+    @property
+    def moto_process(self) -> ManagedProcess:
+        return self._servers[1]
+
     def start(self) -> None:
         """Start the servers in parallel; raise (once every start has ended, so none is
         left running unrecorded) if one fails."""
