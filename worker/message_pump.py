@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosedOK
+from websockets.frames import Opcode
 
 from worker import event_loops
 from worker.connection_settings import ConnectionSettings
@@ -122,7 +124,7 @@ class MessagePump:
         worker_id = s.worker_id
         task = asyncio.current_task()
         assert task is not None
-        async for data in ws:
+        async for data in messages(ws):
             frame = read(data)
             if isinstance(frame, tuple):
                 seq, payload = frame
@@ -172,9 +174,10 @@ class MessagePump:
         connection_id, epoch, seq_gen = lease.connection_id, lease.epoch, lease.seq_gen
         worker_id = s.worker_id
         buffered = ws.recv_messages.frames.queue
+        take = _buffered_message(ws)
         task = asyncio.current_task()
         assert task is not None
-        async for data in ws:
+        async for data in messages(ws):
             batch: list[Delivery] = []
             last = state.checkpoint
             leave = False
@@ -215,7 +218,8 @@ class MessagePump:
                 size += len(head.data)
                 if size > max_bytes or len(batch) >= max_messages:
                     break
-                data = await ws.recv()
+                taken = take()
+                data = await ws.recv() if taken is None else taken
             if batch:
                 # The common case inline, as in _receive.
                 if clock() < state.go_until:
@@ -374,3 +378,52 @@ class MessagePump:
             "stream cannot resume: gap since the previous delivery",
             extra={"connection_id": self._lease.connection_id, "gap_ms": gap_ms},
         )
+
+
+def _buffered_message(ws: ClientConnection) -> Callable[[], str | bytes | None]:
+    """What ``ws.recv()`` would return at once, taken without its machinery (a few
+    coroutine layers, a lock flag, a join): a whole message already buffered, as
+    websockets' assembler returns it (and with its flow control: reading resumes
+    once few enough frames wait). None when ``recv`` must do it: nothing buffered,
+    a fragmented message, text that is not UTF-8 (websockets fails the connection)."""
+    assembler = ws.recv_messages
+    buffered = assembler.frames.queue
+    resume = assembler.maybe_resume
+    text, binary = Opcode.TEXT, Opcode.BINARY
+
+    def take() -> str | bytes | None:
+        if not buffered:
+            return None
+        head = buffered[0]
+        if not head.fin:
+            return None
+        try:
+            if head.opcode is text:
+                data: str | bytes = str(head.data, "utf-8")
+            elif head.opcode is binary:
+                data = bytes(head.data)
+            else:
+                return None
+        except UnicodeDecodeError:
+            return None
+        buffered.popleft()
+        resume()
+        return data
+
+    return take
+
+
+async def messages(ws: ClientConnection) -> AsyncIterator[str | bytes]:
+    """``async for data in ws``, with the messages already buffered taken at once
+    (:func:`_buffered_message`); it ends as websockets' own iteration does, on a
+    normal close, and raises on any other."""
+    take = _buffered_message(ws)
+    recv = ws.recv
+    while True:
+        data = take()
+        if data is None:
+            try:
+                data = await recv()
+            except ConnectionClosedOK:
+                return
+        yield data
