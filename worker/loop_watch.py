@@ -34,6 +34,13 @@ from worker.metrics import FleetMetrics
 
 LAG_PROBE_SECONDS = 0.02
 UNFREEZE_SECONDS = 600.0
+YOUNG_THRESHOLD = 10_000
+"""Allocations between two collections of the youngest generation (CPython's default:
+700). At a thousand connections the default collects it so often that objects living
+about a second (a connection's wait for its next frame) survive into the middle
+generation, whose collections then took around 10 ms of CPU more than once a second:
+the event loop's p99 lag. Collected less often, most of those objects are gone first
+(BENCHMARKS.md, "Throughput": event-loop lag)."""
 
 
 async def probe_lag(metrics: FleetMetrics, interval: float = LAG_PROBE_SECONDS) -> None:
@@ -79,14 +86,18 @@ class GcFreezer:
         self._unfrozen_at = time.monotonic()
         self.freezes = 0
         self.unfreezes = 0
+        self._thresholds: tuple[int, int, int] = gc.get_threshold()
 
     def install(self) -> None:
+        self._thresholds = gc.get_threshold()
+        gc.set_threshold(YOUNG_THRESHOLD, *self._thresholds[1:])
         gc.freeze()
         gc.callbacks.append(self._collected)
 
     def uninstall(self) -> None:
         if self._collected in gc.callbacks:
             gc.callbacks.remove(self._collected)
+            gc.set_threshold(*self._thresholds)
 
     def _collected(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from worker.loop_watch import AfterFull, GcFreezer, after_full, probe_lag
+from worker.loop_watch import YOUNG_THRESHOLD, AfterFull, GcFreezer, after_full, probe_lag
 from worker.metrics import FleetMetrics
 
 pytestmark = pytest.mark.timeout(30)
@@ -59,6 +59,18 @@ async def test_the_freezer_times_collections_and_freezes_after_a_full_one():
         freezer.uninstall()
         gc.unfreeze()
     assert freezer._collected not in gc.callbacks
+
+
+async def test_the_freezer_collects_the_young_generation_less_often_while_installed():
+    before = gc.get_threshold()
+    freezer = GcFreezer(new_metrics(), asyncio.get_running_loop())
+    freezer.install()
+    try:
+        assert gc.get_threshold() == (YOUNG_THRESHOLD, *before[1:])
+    finally:
+        freezer.uninstall()
+        gc.unfreeze()
+    assert gc.get_threshold() == before
 
 
 async def test_the_freezer_unfreezes_when_its_time_has_come():
