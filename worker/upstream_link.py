@@ -27,6 +27,7 @@ from websockets.exceptions import InvalidStatus
 from worker.connection_settings import ConnectionSettings
 from worker.connection_state import ConnectionState
 from worker.credentials import NO_CREDENTIALS, Credentials, SecretError
+from worker.direct_frames import DirectFrameConnection
 from worker.failing_mark import FailingMark
 from worker.patient_connection import PatientConnection
 from worker.upstream_failures import Verdict, describe
@@ -38,6 +39,13 @@ from wsfleet.checkpoint_page import BACKING_OFF, CONNECTING, STREAMING
 from wsfleet.lease_rules import Lease
 
 log = logging.getLogger(__name__)
+
+
+class UpstreamConnection(PatientConnection, DirectFrameConnection):
+    """websockets' client connection with the keepalive that waits for a held-back
+    reader (:mod:`worker.patient_connection`) and the direct reading of the common
+    frame (:mod:`worker.direct_frames`)."""
+
 
 AUTH_REFUSALS = frozenset((401, 403))
 """Handshake answers that read the connection's secret again and retry at once."""
@@ -200,7 +208,7 @@ class UpstreamLink:
             ping_timeout=s.ping_timeout,
             close_timeout=1.0,
             max_size=s.max_message_bytes,
-            create_connection=PatientConnection,
+            create_connection=UpstreamConnection,
             logger=None if credentials is NO_CREDENTIALS else _handshake_log,
         )
         return ws, frames
