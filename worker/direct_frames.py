@@ -161,12 +161,11 @@ class DirectFrameConnection(ClientConnection):
         else:
             buf = data
         pos = 0
-        put = self.recv_messages.put
         while True:
             if protocol.current_size is None:
                 frames, pos, stop, end = split(buf, pos, self._limit, True)
-                for frame in frames:
-                    put(frame)
+                if frames:
+                    self._put(frames)
             else:  # a fragmented message: websockets' parser takes each frame
                 _, pos, stop, end = split(buf, pos, size_limit(protocol), False)
             if stop is Stop.PARTIAL:
@@ -187,6 +186,20 @@ class DirectFrameConnection(ClientConnection):
             del carry[:pos]
         elif pos < len(buf):
             self._carry = bytearray(buf[pos:])
+
+    def _put(self, frames: list[Frame]) -> None:
+        """``recv_messages.put`` of each frame, as websockets' ``process_event`` does,
+        in one step: the same frames queued, the same waiter woken, the reading paused
+        the same way (``maybe_pause`` pauses once, at the first frame over the mark)."""
+        assembler = self.recv_messages
+        if assembler.closed:
+            raise EOFError("stream of frames ended")
+        queue = assembler.frames
+        queue.queue.extend(frames)
+        waiter = queue.get_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        assembler.maybe_pause()
 
     def eof_received(self) -> None:
         carry, self._carry, self._direct = self._carry, None, False

@@ -330,6 +330,24 @@ def test_direct_reading_runs_after_the_handshake_and_ends_at_the_close() -> None
     assert asyncio.run(plain_stream_reads_directly()) == [True, True, True, False]
 
 
+async def wakes_a_waiting_reader() -> str | bytes:
+    connection, _, answer = opened(DirectFrameConnection, 1 << 20, False)
+    connection.data_received(answer)
+    waiting = asyncio.create_task(connection.recv())
+    frames_ = connection.recv_messages.frames
+    for _ in range(100):  # until recv() waits on its empty queue
+        if frames_.get_waiter is not None:
+            break
+        await asyncio.sleep(0)
+    assert frames_.get_waiter is not None
+    connection.data_received(header(0x81, 2) + b"{}")
+    return await asyncio.wait_for(waiting, timeout=5)
+
+
+def test_a_frame_read_directly_wakes_a_reader_waiting_for_one() -> None:
+    assert asyncio.run(wakes_a_waiting_reader()) == "{}"
+
+
 async def compressed_stream_is_left_to_websockets() -> bool:
     connection, _, answer = opened(DirectFrameConnection, 1 << 20, True)
     assert isinstance(connection, DirectFrameConnection)
