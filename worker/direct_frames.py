@@ -24,6 +24,10 @@ size limit and a header; at the end of the stream they go to websockets' parser,
 which reports the truncated frame as it always does. So websockets sees the same
 frames, fails on the same bytes and answers the same way as if it had read them all
 (``tests/unit/test_direct_frames.py`` checks it frame for frame).
+
+It leans on websockets' internals (the assembler's queue, the parser's generators),
+pinned in ``worker/requirements.txt``: should they change, the boundary check finds
+no ``at_eof`` and direct reading stays off, and the tests that require it on fail.
 """
 
 from __future__ import annotations
