@@ -148,8 +148,6 @@ class DirectFrameConnection(ClientConnection):
     the end of the stream)."""
     _carry: bytearray | None = None
     """Bytes of a frame not whole yet (direct reading only)."""
-    _limit: int | None = None
-    """:func:`size_limit` outside a fragmented message."""
 
     def data_received(self, data: bytes) -> None:
         if not self._direct:
@@ -166,12 +164,11 @@ class DirectFrameConnection(ClientConnection):
             buf = data
         pos = 0
         while True:
-            if protocol.current_size is None:
-                frames, pos, stop, end = split(buf, pos, self._limit, True)
-                if frames:
-                    self._put(frames)
-            else:  # a fragmented message: websockets' parser takes each frame
-                _, pos, stop, end = split(buf, pos, size_limit(protocol), False)
+            # Within a fragmented message websockets' parser takes every frame.
+            direct = protocol.current_size is None
+            frames, pos, stop, end = split(buf, pos, size_limit(protocol), direct)
+            if frames:
+                self._put(frames)
             if stop is Stop.PARTIAL:
                 break
             if stop is Stop.OTHER and not buf[pos] & _RSV1:
@@ -206,8 +203,8 @@ class DirectFrameConnection(ClientConnection):
         assembler.maybe_pause()
 
     def eof_received(self) -> None:
-        carry, self._carry, self._direct = self._carry, None, False
-        self._ended = True
+        carry, self._carry = self._carry, None
+        self._direct, self._ended = False, True
         if carry:
             super().data_received(bytes(carry))
         super().eof_received()
@@ -224,7 +221,4 @@ class DirectFrameConnection(ClientConnection):
         protocol = self.protocol
         if self._ended or protocol.debug or not waits_for_a_frame(protocol):
             return False
-        if not all(isinstance(e, PerMessageDeflate) for e in protocol.extensions):
-            return False
-        self._limit = size_limit(protocol)
-        return True
+        return all(isinstance(e, PerMessageDeflate) for e in protocol.extensions)

@@ -297,9 +297,15 @@ FRAGMENTS_OVER_THE_LIMIT = Case(
 )
 
 
+ENDS_INSIDE_A_FRAME = Case(header(0x81, 10) + b'{"seq"', [], None, False, True, True)
+"""The truncated frame is reported as websockets reports it (its bytes, not an end at
+a frame boundary)."""
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 @example(FRAGMENTS_OVER_THE_LIMIT)
+@example(ENDS_INSIDE_A_FRAME)
 def test_direct_reading_shows_what_websockets_shows_after_every_piece(case: Case) -> None:
     expected = asyncio.run(fed(ClientConnection, case))
     assert asyncio.run(fed(DirectFrameConnection, case)) == expected
