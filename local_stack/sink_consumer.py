@@ -289,7 +289,14 @@ class EnvelopeApplier:
             number = record["SequenceNumber"]
             log.error("record %s of %s is no envelope: %s", number, shard_id, error)
             return
-        outcome = self.deduper.decide(envelope)
+        try:
+            outcome = self.deduper.decide(envelope)
+        except EnvelopeError as error:
+            # Read, yet not one the deduper can decide on: it would fail every time.
+            self.tally.malformed += 1
+            number = record["SequenceNumber"]
+            log.error("record %s of %s is no envelope: %s", number, shard_id, error)
+            return
         if outcome.decision is Decision.APPLY:
             self.tally.applied += 1
             self.tally.late += int(outcome.late)

@@ -103,7 +103,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from botocore.exceptions import ClientError
 
 from wsfleet.backoff import backoff_delays
-from wsfleet.envelope import Envelope, EnvelopeError
+from wsfleet.envelope import MAX_NUMBER, Envelope, EnvelopeError
 from wsfleet.schema import is_valid_connection_id
 
 if TYPE_CHECKING:
@@ -122,8 +122,6 @@ APPLIED_AT_MS: Final = "applied_at_ms"
 HOLE_HORIZON: Final = 500
 """How far below the highest applied seq a seq jumped over is still awaited: the
 sinks' largest request (500 records) bounds how far they reorder."""
-MAX_NUMBER: Final = 10**38 - 1
-"""DynamoDB numbers hold 38 digits: a larger one would fail the write, not the check."""
 MAX_EFFECTS: Final = 99
 """TransactWriteItems takes 100 actions; one is the dedup update."""
 MAX_ATTEMPTS: Final = 8

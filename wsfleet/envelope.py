@@ -39,6 +39,9 @@ PREV_SEQ: Final = "prev_seq"
 """The key of :attr:`Envelope.prev_seq`, written after ``seq`` when there is one."""
 
 _NUMBERS: Final = ("epoch", "seq_gen", "seq", "received_at")
+MAX_NUMBER: Final = 10**38 - 1
+"""The largest number an envelope may hold: DynamoDB numbers hold 38 digits, so a
+consumer's dedup table could not store a larger one."""
 
 
 class EnvelopeError(ValueError):
@@ -131,8 +134,10 @@ class Envelope:
         for name in _NUMBERS:
             value = fields[name]
             # bool is an int in Python but true/false in JSON: not a number here.
-            if type(value) is not int or value < 0:
-                raise EnvelopeError(f"{name} must be an integer >= 0, got {value!r}")
+            if type(value) is not int or not 0 <= value <= MAX_NUMBER:
+                raise EnvelopeError(
+                    f"{name} must be an integer from 0 to 10**38 - 1, got {value!r}"
+                )
         prev_seq = fields.get(PREV_SEQ)
         # Present means a seq: null is not how an envelope says there is none.
         if PREV_SEQ in fields and (type(prev_seq) is not int or not 0 <= prev_seq < fields["seq"]):

@@ -5,6 +5,7 @@ prints."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,8 +14,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from local_stack.sink_consumer import Applied, EnvelopeApplier, StreamReader, Tally, drain
-from wsfleet.deduper import Decision, Outcome
-from wsfleet.envelope import Envelope
+from wsfleet.deduper import Decision, Outcome, validate
+from wsfleet.envelope import Envelope, EnvelopeError
 
 
 @dataclass
@@ -237,3 +238,34 @@ def test_each_decision_is_counted_and_only_an_applied_one_has_an_effect() -> Non
         applier("shardId-000000000000", {"Data": data, "SequenceNumber": str(seq)})
     assert [a.envelope.seq for a in effects] == [1, 5]
     assert applier.tally == Tally(applied=2, skipped=1, refused=1, late=1, early=1)
+
+
+class Validates:
+    """A deduper that checks each envelope as the real one does, then applies it."""
+
+    def decide(self, envelope: Envelope) -> Outcome:
+        validate(envelope)
+        return Outcome(Decision.APPLY)
+
+
+def test_a_record_with_a_number_no_deduper_takes_is_malformed_and_the_stream_goes_on() -> None:
+    """S9: a number of 39 digits read as an envelope but failed the deduper's check, and
+    the consumer died on it (and again after every restart)."""
+    effects: list[Applied] = []
+    applier = EnvelopeApplier(Validates(), effects.append)  # type: ignore[arg-type]
+    too_big = Envelope("demo-1", 1, 0, 10**38, 1_767_225_604_100, None).to_bytes()
+    good = Envelope("demo-1", 1, 0, 2, 1_767_225_604_100, None).to_bytes()
+    applier("shardId-000000000000", {"Data": too_big, "SequenceNumber": "1"})
+    applier("shardId-000000000000", {"Data": good, "SequenceNumber": "2"})
+    assert [a.envelope.seq for a in effects] == [2]
+    assert applier.tally.malformed == 1
+
+
+@pytest.mark.parametrize("name", ["epoch", "seq_gen", "seq", "received_at"])
+def test_an_envelope_is_read_only_with_numbers_a_deduper_can_store(name: str) -> None:
+    fields = {"connection_id": "c", "epoch": 1, "seq_gen": 0, "seq": 1, "received_at": 5}
+    fields[name] = 10**38
+    with pytest.raises(EnvelopeError, match=name):
+        Envelope.from_bytes(json.dumps({**fields, "payload": None}).encode())
+    fields[name] = 10**38 - 1
+    Envelope.from_bytes(json.dumps({**fields, "payload": None}).encode())
