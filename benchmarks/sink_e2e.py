@@ -452,7 +452,7 @@ def _fault_phase(
             tally = consumer.applier.tally
             log(
                 f"{len(fleet.running())} workers; applied {tally.applied:,}, skipped "
-                f"{tally.skipped:,}, refused {tally.refused:,}; faults {dict(fleet.faults)}"
+                f"{tally.skipped:,}; faults {dict(fleet.faults)}"
             )
         if now >= next_fault:
             fleet.fault(kinds[0])
@@ -493,14 +493,11 @@ def _result(
         "per_connection": options.count,
         "applied": tally.applied,
         "skipped_copies": tally.skipped,
-        "refused": tally.refused,
         "early": tally.early,
         "malformed": tally.malformed,
         "late": tally.late,
         "gaps": tally.gaps,
-        "records_read": (
-            tally.applied + tally.skipped + tally.refused + tally.early + tally.malformed
-        ),
+        "records_read": (tally.applied + tally.skipped + tally.early + tally.malformed),
         **totals,
         "unfinished": len(unfinished),
         "faults": dict(fleet.faults),
@@ -525,7 +522,6 @@ def render(result: Mapping[str, Any]) -> str:
         ("records read from the stream", result["records_read"]),
         ("applied", result["applied"]),
         ("skipped (copies)", result["skipped_copies"]),
-        ("refused (superseded owner)", result["refused"]),
         ("early (held back, applied from a later copy)", result["early"]),
         ("late / gaps", f"{result['late']} / {result['gaps']}"),
         ("lost", result["lost"]),

@@ -12,12 +12,12 @@ a line on stdout::
 
     applied connection_id=demo-1 seq_gen=0 seq=42 epoch=2 shard=shardId-000000000001
     applied connection_id=demo-1 seq_gen=0 seq=57 epoch=3 shard=shardId-000000000001 gap=2
-    tally applied=1200 skipped=35 refused=0 malformed=0 late=0 gaps=1 early=0
+    tally applied=1200 skipped=35 malformed=0 late=0 gaps=1 early=0
 
 (``gap=N``: N seqs jumped over, applied later if they come, then marked ``late``). A
-copy is SKIPPED, a superseded owner's record REFUSED and a record ahead of the one sent
-before it held back as EARLY (its copy after that one is applied) without a line of
-their own; all are counted in the ``tally`` line, printed when it changed, at most every
+copy is SKIPPED (whichever owner sent it) and a record ahead of the one sent before it
+held back as EARLY (its copy after that one is applied), without a line of their own;
+both are counted in the ``tally`` line, printed when it changed, at most every
 ``--tally-seconds``, and once more at the end. So ``grep '^applied '`` lists each message
 once, ``grep '^tally '`` the counts.
 
@@ -232,7 +232,6 @@ class StreamReader:
 class Tally:
     applied: int = 0
     skipped: int = 0
-    refused: int = 0
     malformed: int = 0
     late: int = 0
     """Of those applied: seqs a gap had jumped over, applied after higher ones."""
@@ -243,7 +242,7 @@ class Tally:
 
     def line(self) -> str:
         return (
-            f"tally applied={self.applied} skipped={self.skipped} refused={self.refused} "
+            f"tally applied={self.applied} skipped={self.skipped} "
             f"malformed={self.malformed} late={self.late} gaps={self.gaps} early={self.early}"
         )
 
@@ -304,10 +303,8 @@ class EnvelopeApplier:
             self.effect(Applied(envelope, outcome, shard_id, str(record["SequenceNumber"])))
         elif outcome.decision is Decision.SKIP:
             self.tally.skipped += 1
-        elif outcome.decision is Decision.EARLY:
-            self.tally.early += 1
         else:
-            self.tally.refused += 1
+            self.tally.early += 1
 
 
 RETRIED: Final = (BotoCoreError, ClientError, ContendedError)

@@ -5,23 +5,23 @@ The sinks deliver at least once: after a crash the next owner (a higher ``epoch`
 resumes from the last checkpoint, so what was sent since comes again, and a superseded
 owner (a lower epoch) may still land a few records late. Within one connection
 ``(seq_gen, seq)`` orders the messages. Per connection the table keeps the highest
-``(seq_gen, seq)`` applied, the epoch it was applied under (the highest epoch applied:
-an apply needs an epoch at least the stored one) and the **late seqs**: the seqs a
+``(seq_gen, seq)`` applied, the epoch of the envelope applied last (for people: it
+decides nothing) and the **late seqs**: the seqs a
 gap jumped over that are still within ``hole_horizon`` of the highest. An envelope's
 **predecessor** is its ``prev_seq``, the message sent just before it in the same sink
 call; it is applied when the stored ``seq_gen`` is the envelope's, the stored seq is at
 or above it and it is not a late seq (nothing stored: not applied). For an envelope:
 
-- **SKIP** (a copy) when it is at or below the stored position and not a late seq,
-  whatever its epoch;
-- **REFUSE** (a stale owner) when it is not a copy and ``epoch`` is below the stored
-  epoch. The owner of that higher epoch resumed from a checkpoint below every message
-  the stale one sent and did not checkpoint, so it sends the same message itself:
-  refusing loses nothing;
-- **EARLY** when it is neither and has a predecessor that is not applied: the sink
+- **SKIP** (a copy) when it is at or below the stored position and not a late seq;
+- **EARLY** when it is not a copy and has a predecessor that is not applied: the sink
   sends it again after that one, and that copy is decided then;
-- **APPLY** otherwise: above the stored position or a late seq, from a current owner,
-  with its predecessor (if any) applied.
+- **APPLY** otherwise: above the stored position or a late seq, with its predecessor
+  (if any) applied.
+
+Whichever owner sent it: a copy is a copy, and a superseded owner's envelope of a seq
+not applied yet is applied like its successor's. Refusing it would count on the
+successor's copy coming after it, which is not so when the transport dropped that
+copy, when records are read out of order, or when the stream cannot resume.
 
 Why predecessors: the Kinesis and Firehose sinks send again, after a request was
 partly refused, from the first refused record of a connection on, so a shard can hold
@@ -42,8 +42,8 @@ always a copy.
 
 Every decision is made by a conditional write: two consumers racing on one envelope
 cannot both apply it, nor apply an early one. A failed condition returns the stored
-item (``ReturnValuesOnConditionCheckFailure=ALL_OLD``), which tells SKIP, REFUSE and
-EARLY apart with no read. The first write expects the next seq (the common case) and,
+item (``ReturnValuesOnConditionCheckFailure=ALL_OLD``), which tells SKIP and EARLY
+apart with no read. The first write expects the next seq (the common case) and,
 with a ``prev_seq``, an item that exists and does not await ``prev_seq`` as a late seq;
 a gap or a new ``seq_gen`` takes a second, conditioned on exactly the item the first
 returned, and a late seq one conditioned on that seq still awaited (and ``prev_seq``
@@ -141,8 +141,6 @@ class Decision(enum.Enum):
     """New, from a current owner: recorded (and, through ``transact``, its effects)."""
     SKIP = "skip"
     """A copy of a message already applied."""
-    REFUSE = "refuse"
-    """From an owner superseded by one whose messages were applied."""
     EARLY = "early"
     """Ahead of the message sent just before it in its batch (``prev_seq``), which is
     not applied yet: not applied now. The sink writes it again after that one
@@ -173,7 +171,7 @@ class Position:
     """What the dedup item of a connection holds."""
 
     epoch: int
-    """The highest epoch applied."""
+    """The epoch of the envelope applied last (decides nothing)."""
     seq_gen: int
     seq: int
     """With ``seq_gen``: the highest message applied."""
@@ -208,7 +206,7 @@ class Outcome:
     late: bool = False
     """For APPLY: a seq a gap had jumped over, applied after higher ones."""
     stored: Position | None = None
-    """For SKIP, REFUSE and EARLY: the stored position that made it so (None for EARLY
+    """For SKIP and EARLY: the stored position that made it so (None for EARLY
     when nothing is stored); None for APPLY."""
 
 
@@ -273,8 +271,6 @@ def classify(stored: Position | None, envelope: Envelope, horizon: int = HOLE_HO
     """The decision for ``envelope`` when the connection's item holds ``stored``."""
     if not (is_ahead(stored, envelope) or is_late(stored, envelope, horizon)):
         return Decision.SKIP
-    if stored is not None and envelope.epoch < stored.epoch:
-        return Decision.REFUSE
     if not predecessor_applied(stored, envelope):
         return Decision.EARLY
     return Decision.APPLY
@@ -300,7 +296,7 @@ def late_after(stored: Position | None, envelope: Envelope, horizon: int) -> fro
 @dataclass(frozen=True, slots=True)
 class NextSeq:
     """Guard of the first write: nothing stored, or the seq just before the envelope's,
-    of its ``seq_gen``, at an epoch not above it. Leaves the late seqs as they are.
+    of its ``seq_gen``. Leaves the late seqs as they are.
     With a ``prev_seq``, something stored (nothing: EARLY), and ``prev_seq`` not a late
     seq."""
 
@@ -324,7 +320,7 @@ Guard = NextSeq | Ahead | Late
 
 
 def plan(stored: Position | None, envelope: Envelope, horizon: int) -> Outcome | Ahead | Late:
-    """After a write was refused with ``stored`` in the item: the SKIP, REFUSE or EARLY
+    """After a write was refused with ``stored`` in the item: the SKIP or EARLY
     outcome, or the guard of the write that applies the envelope over it."""
     decision = classify(stored, envelope, horizon)
     if decision is not Decision.APPLY:
@@ -353,8 +349,7 @@ def dedup_update(
     """``UpdateExpression``, ``ConditionExpression`` and their names and values: the
     write that applies ``envelope`` if ``guard`` holds. DynamoDB compares one value at
     a time, so each guard pins ``seq_gen`` and ``seq`` with equalities (or spells out
-    the order), and ``epoch <= :epoch`` makes the stored epoch the maximum without
-    reading it."""
+    the order)."""
     names = {"#epoch": EPOCH, "#received": RECEIVED_AT_MS, "#applied": APPLIED_AT_MS}
     values: dict[str, Any] = {
         ":epoch": _number(envelope.epoch),
@@ -373,7 +368,7 @@ def dedup_update(
         case NextSeq():
             names |= {"#gen": SEQ_GEN, "#seq": SEQ}
             values |= {":gen": _number(envelope.seq_gen), ":prev": _number(envelope.seq - 1)}
-            condition = "#gen = :gen AND #seq = :prev AND #epoch <= :epoch"
+            condition = "#gen = :gen AND #seq = :prev"
             if envelope.prev_seq is None:
                 names["#id"] = PARTITION_KEY
                 condition = f"attribute_not_exists(#id) OR ({condition})"
@@ -419,9 +414,7 @@ def dedup_update(
                 ":limit": _number(envelope.seq + horizon),
                 ":this": _numbers({envelope.seq}),
             }
-            condition = (
-                "#gen = :gen AND contains(#late, :seq) AND #seq < :limit AND #epoch <= :epoch"
-            )
+            condition = "#gen = :gen AND contains(#late, :seq) AND #seq < :limit"
             if envelope.prev_seq is not None:
                 values[":prev_seq"] = _number(envelope.prev_seq)
                 condition += " AND NOT contains(#late, :prev_seq)"
@@ -561,7 +554,7 @@ class Deduper:
         """Decide, and on APPLY make ``effects`` (``TransactWriteItems`` entries:
         ``{"Put": {...}}``, ``{"Update": {...}}``, ``{"Delete": {...}}``,
         ``{"ConditionCheck": {...}}``, on other tables) in the same transaction: they
-        happen exactly once per message. On SKIP, REFUSE or EARLY nothing is written.
+        happen exactly once per message. On SKIP or EARLY nothing is written.
 
         Raises :class:`EffectFailedError` when an effect cancelled it (nothing is
         written), :class:`ContendedError` after ``max_attempts``."""

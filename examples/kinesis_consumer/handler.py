@@ -3,15 +3,16 @@ written once to an output table, however often the stream carries it.
 
 Each record's data is one envelope (:mod:`wsfleet.envelope`). For each, in the order of
 the shard, :meth:`wsfleet.deduper.Deduper.transact` decides and, when the message is
-new and from a current owner, writes in the same transaction:
+new (whichever owner sent it), writes in the same transaction:
 
 - the message, ``(connection_id, "MSG#<seq_gen>#<seq>")``, zero-padded so a Query
   returns a connection's messages in order;
 - one more on the connection's tally, ``(connection_id, "COUNT")``: an effect that is
   not idempotent, right only because it happens exactly once.
 
-A copy (a redelivery after a crash of a worker, or this function's own retry) and a
-superseded owner's late record write nothing; both are counted in the batch's log line.
+A copy (a redelivery after a crash of a worker, a superseded owner's late record of a
+message already written, or this function's own retry) writes nothing; copies are
+counted in the batch's log line.
 After a partly refused request the sink lands a seq after a higher one and then that
 higher one again: the early copy, which names a seq not yet applied as the one sent
 before it, writes nothing either (counted as early), and both are written in seq order
@@ -77,7 +78,6 @@ def message_item_key(seq_gen: int, seq: int) -> str:
 class BatchTally:
     applied: int = 0
     skipped: int = 0
-    refused: int = 0
     early: int = 0
     """Held back: ahead of the message sent before it, which comes again first."""
     malformed: int = 0
@@ -139,29 +139,16 @@ class KinesisConsumer:
                     )
             elif outcome.decision is Decision.SKIP:
                 tally.skipped += 1
-            elif outcome.decision is Decision.EARLY:
-                tally.early += 1
             else:
-                tally.refused += 1
-                stored_epoch = outcome.stored.epoch if outcome.stored else None
-                log.warning(
-                    "%s: refused seq_gen %d seq %d of epoch %d, superseded by epoch %s (record %s)",
-                    envelope.connection_id,
-                    envelope.seq_gen,
-                    envelope.seq,
-                    envelope.epoch,
-                    stored_epoch,
-                    number,
-                )
+                tally.early += 1
         log.info(
-            "batch of %d: applied %d (late %d), skipped %d, early %d, refused %d, "
+            "batch of %d: applied %d (late %d), skipped %d, early %d, "
             "malformed %d, gaps %d (%d seqs jumped over)%s",
             len(event.get("Records", [])),
             tally.applied,
             tally.late,
             tally.skipped,
             tally.early,
-            tally.refused,
             tally.malformed,
             tally.gaps,
             tally.jumped,

@@ -53,7 +53,7 @@ from wsfleet.envelope import Envelope, EnvelopeError
 
 NOW = 1_767_225_600_000
 CID = "btc-eth"
-APPLY, SKIP, REFUSE, EARLY = Decision.APPLY, Decision.SKIP, Decision.REFUSE, Decision.EARLY
+APPLY, SKIP, EARLY = Decision.APPLY, Decision.SKIP, Decision.EARLY
 
 
 def env(
@@ -105,13 +105,15 @@ WITH_LATE = Position(epoch=2, seq_gen=1, seq=8, late=frozenset({5, 6}))
         (STORED, env(1, 1, 8), SKIP),  # a copy is a copy, even from a stale owner
         (STORED, env(1, 1, 3), SKIP),
         (STORED, env(2, 0, 100), SKIP),  # an older stream, however high its seq
-        (STORED, env(1, 1, 9), REFUSE),  # a stale owner's new message
-        (STORED, env(1, 2, 1), REFUSE),  # ... even on a newer stream
-        (STORED, env(0, 1, 9), REFUSE),
+        # a superseded owner's message not applied yet: applied, as its successor's
+        # copy would be (that copy may never come: dropped by SQS, read before it)
+        (STORED, env(1, 1, 9), APPLY),
+        (STORED, env(1, 2, 1), APPLY),
+        (STORED, env(0, 1, 9), APPLY),
         # late seqs: jumped over by a gap, applied when they come
         (WITH_LATE, env(2, 1, 5), APPLY),
         (WITH_LATE, env(3, 1, 6), APPLY),
-        (WITH_LATE, env(1, 1, 5), REFUSE),  # ... but not from a stale owner
+        (WITH_LATE, env(1, 1, 5), APPLY),  # ... from a superseded owner too
         (WITH_LATE, env(2, 1, 7), SKIP),  # not one of them: applied already
         (WITH_LATE, env(1, 1, 7), SKIP),
         (WITH_LATE, env(2, 0, 5), SKIP),  # another stream's 5
@@ -198,12 +200,12 @@ def test_a_new_stream_awaits_nothing_of_the_old_one():
         (STORED, env(2, 2, 2, prev=1), EARLY),
         (STORED, env(2, 2, 1), APPLY),
         (Position(2, 2, 1), env(2, 2, 2, prev=1), APPLY),
-        # SKIP and REFUSE first
+        # SKIP first, whoever sent it
         (STORED, env(2, 1, 8, prev=7), SKIP),
         (WITH_LATE, env(2, 1, 7, prev=6), SKIP),  # a copy, though 6 is not applied
         (STORED, env(2, 0, 9, prev=8), SKIP),  # an older stream
-        (STORED, env(1, 1, 10, prev=9), REFUSE),
-        (STORED, env(1, 2, 2, prev=1), REFUSE),
+        (STORED, env(1, 1, 10, prev=9), EARLY),
+        (STORED, env(1, 2, 2, prev=1), EARLY),
     ],
 )
 def test_an_envelope_ahead_of_the_one_sent_before_it_is_early(stored, envelope, decision):
@@ -295,7 +297,7 @@ def test_a_late_write_passes_exactly_on_an_awaited_seq_of_a_current_owner(
 @pytest.mark.parametrize(("stored", "envelope"), GRID)
 def test_every_refusal_plans_the_write_that_passes(stored, envelope):
     """After a refused write, the plan made from the item it returned either decides
-    (SKIP or REFUSE, the rules' answer) or is a write whose condition that item
+    (SKIP or EARLY, the rules' answer) or is a write whose condition that item
     passes: a second write is enough unless another consumer changed the item."""
     step = plan(stored, envelope, HOLE_HORIZON)
     if isinstance(step, Outcome):
@@ -389,7 +391,7 @@ def test_with_prev_seq_the_first_write_never_creates_the_item():
     assert not _holds(dedup_update(env(1, 0, 2, prev=1), NOW, NextSeq()), None)
     # the guard is today's when there is no prev_seq
     assert dedup_update(env(1, 0, 2), NOW, NextSeq())["ConditionExpression"] == (
-        "attribute_not_exists(#id) OR (#gen = :gen AND #seq = :prev AND #epoch <= :epoch)"
+        "attribute_not_exists(#id) OR (#gen = :gen AND #seq = :prev)"
     )
 
 
@@ -447,12 +449,12 @@ def test_order_is_that_of_numbers_not_strings():
     ("stored", "envelope", "step"),
     [
         (STORED, env(2, 1, 8), Outcome(SKIP, stored=STORED)),
-        (STORED, env(1, 1, 9), Outcome(REFUSE, stored=STORED)),
+        (STORED, env(1, 1, 9), Ahead(STORED)),
         (STORED, env(2, 1, 12), Ahead(STORED)),
         (STORED, env(2, 2, 1), Ahead(STORED)),
         (None, env(2, 1, 12), Ahead(None)),  # the item went away in between
         (WITH_LATE, env(2, 1, 6), Late()),
-        (WITH_LATE, env(1, 1, 6), Outcome(REFUSE, stored=WITH_LATE)),
+        (WITH_LATE, env(1, 1, 6), Late()),
         (None, env(2, 1, 12, prev=11), Outcome(EARLY)),
         (STORED, env(2, 1, 12, prev=8), Ahead(STORED)),
         (STORED, env(2, 1, 12, prev=9), Outcome(EARLY, stored=STORED)),

@@ -208,8 +208,8 @@ def test_the_lines_it_prints() -> None:
     )
     assert Applied(envelope, Outcome(Decision.APPLY, gap=2), "s", "7").line().endswith(" gap=2")
     assert Applied(envelope, Outcome(Decision.APPLY, late=True), "s", "7").line().endswith(" late")
-    assert Tally(applied=5, skipped=2, refused=1, early=3).line() == (
-        "tally applied=5 skipped=2 refused=1 malformed=0 late=0 gaps=0 early=3"
+    assert Tally(applied=5, skipped=2, early=3).line() == (
+        "tally applied=5 skipped=2 malformed=0 late=0 gaps=0 early=3"
     )
 
 
@@ -228,7 +228,6 @@ def test_each_decision_is_counted_and_only_an_applied_one_has_an_effect() -> Non
         1: Outcome(Decision.APPLY),
         2: Outcome(Decision.EARLY),
         3: Outcome(Decision.SKIP),
-        4: Outcome(Decision.REFUSE),
         5: Outcome(Decision.APPLY, late=True),
     }
     effects: list[Applied] = []
@@ -237,7 +236,7 @@ def test_each_decision_is_counted_and_only_an_applied_one_has_an_effect() -> Non
         data = Envelope("demo-1", 1, 0, seq, 1_767_225_604_100, None).to_bytes()
         applier("shardId-000000000000", {"Data": data, "SequenceNumber": str(seq)})
     assert [a.envelope.seq for a in effects] == [1, 5]
-    assert applier.tally == Tally(applied=2, skipped=1, refused=1, late=1, early=1)
+    assert applier.tally == Tally(applied=2, skipped=1, late=1, early=1)
 
 
 class Validates:
