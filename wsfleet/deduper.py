@@ -23,7 +23,7 @@ not applied yet is applied like its successor's. Refusing it would count on the
 successor's copy coming after it, which is not so when the transport dropped that
 copy, when records are read out of order, or when the stream cannot resume.
 
-Why predecessors: the Kinesis and Firehose sinks send again, after a request was
+Why predecessors: the sinks send again, after a request was
 partly refused, from the first refused record of a connection on, so a shard can hold
 ``k+1, k, k+1`` (``worker/sinks/kinesis.py``). The early ``k+1`` names ``k``, which is
 not applied yet: EARLY. Then ``k`` and the second ``k+1`` are applied, in seq order.
@@ -31,8 +31,8 @@ This holds in a connection's (or a new ``seq_gen``'s) first batch too: nothing i
 stored yet, so the early ``k+1`` shows no gap, and applied it would leave ``k`` to be
 skipped as a copy, lost.
 
-Why late seqs, still: an envelope without a predecessor (the first of a sink call, the
-SQS sink's, one written by an older worker) cannot be told early from a gap, and a
+Why late seqs, still: an envelope without a predecessor (the first of a sink call, one
+written by an older worker) cannot be told early from a gap, and a
 stream may itself skip seqs. A seq a gap jumped over is applied when it comes
 (``Outcome.late``), after the higher one: those effects are not in seq order. One
 request holds at most 500 records, so the default horizon of 500 seqs covers every
@@ -75,11 +75,11 @@ What the rules assume: a seq names one message across owners. True for ``json-se
 and ``json-field`` (the upstream's own numbers); not for ``live``, which numbers on
 from the last checkpoint after a crash, giving seqs already used to **new** messages:
 these rules would skip them. And that an envelope with a ``prev_seq`` written before
-its predecessor is written again after it, as the Kinesis and Firehose sinks do (the
-SQS sink, which cannot, writes none). When the predecessor never lands (the worker
-skipped the batch after the sink's last attempt, ``HANDLER_ERRORS=skip``; a consumer
-passed a record over), what followed it in that sink call stays EARLY, not applied; the
-next call's first envelope is applied with a gap.
+its predecessor is written again after it, as the sinks do. When the predecessor
+never lands (the worker skipped the batch after the sink's last attempt,
+``HANDLER_ERRORS=skip``; a consumer passed a record over), what followed it in that
+sink call stays EARLY, not applied; the next call's first envelope is applied with a
+gap.
 
 Table layout: partition key ``connection_id`` (S), nothing else in the key; one item
 per connection: ``epoch``, ``seq_gen``, ``seq`` (N: the last applied), ``late`` (NS:

@@ -5,8 +5,8 @@ One envelope is one message of one connection, as compact JSON in UTF-8::
     {"connection_id":"btc-eth","epoch":3,"seq_gen":0,"seq":42,"prev_seq":41,"received_at":1767225604100,"payload":{...}}
 
 The keys are always the six of :data:`KEYS`, in this order, plus ``prev_seq`` right
-after ``seq`` in every envelope the Kinesis and Firehose sinks write but the first of a
-connection in a sink call. ``(connection_id, seq_gen, seq)`` names the message: the
+after ``seq`` in every envelope the sinks write but the first of a connection in a
+sink call. ``(connection_id, seq_gen, seq)`` names the message: the
 sinks are at-least-once, so a consumer drops an envelope whose name it has already
 seen. ``epoch`` is the lease epoch of the worker that sent it (a higher one means a
 later owner); ``received_at`` is the sending worker's wall clock, epoch milliseconds,
@@ -14,12 +14,11 @@ when it handed the batch to the sink (informational: it differs between two copi
 one message).
 
 ``prev_seq`` is the seq of the message the sending worker put just before this one in
-the same sink call (same connection and ``seq_gen``). Those sinks send a partly refused
+the same sink call (same connection and ``seq_gen``). The sinks send a partly refused
 request's records again in order from a connection's first refused one, so a message
 whose ``prev_seq`` a consumer has not applied yet came early and will come again after
 it (:mod:`wsfleet.deduper`, EARLY). Absent: the first message of a connection in a
-call, every envelope of the SQS sink (SQS drops the later copy as a duplicate, so none
-would come), and those of a worker older than the key.
+call, and those of a worker older than the key.
 
 This module is shared by the worker's sinks and by consumers, so it imports nothing
 of the worker.
@@ -60,9 +59,8 @@ class Envelope:
     """Any JSON value: the message as the connection's protocol decoded it."""
     prev_seq: int | None = None
     """The seq of the message sent just before this one in the same sink call, of the
-    same connection and ``seq_gen`` (below ``seq``); None for the first of a call and
-    for a sink that sends no copy after a partial refusal. Last, with a default, so
-    envelopes made without it are made as before."""
+    same connection and ``seq_gen`` (below ``seq``); None for the first of a call.
+    Last, with a default, so envelopes made without it are made as before."""
 
     @property
     def key(self) -> tuple[str, int, int]:

@@ -16,6 +16,7 @@ from local_stack import services
 from local_stack.fleet import CLIENT_CONFIG
 from local_stack.sink import create_stream
 from tests.conftest import unique_name
+from tests.support.refusing_clients import RefusingSqs
 from worker.delivery import Delivery
 from worker.sinks.kinesis import KinesisSink
 from worker.sinks.settings import SinkSettings
@@ -25,6 +26,10 @@ from wsfleet.envelope import Envelope
 
 NOW_MS = 1_767_225_604_100
 CID = "conn-a"
+
+
+async def no_sleep(seconds: float) -> None:
+    pass
 
 
 def batch(first: int, last: int, *, epoch: int, cid: str = CID, gen: int = 1) -> list[Delivery]:
@@ -141,3 +146,17 @@ async def test_s4_a_stream_that_cannot_resume_keeps_a_superseded_owners_late_rec
     # applied, each once.
     assert sorted(applied) == [*seqs(1, 12), *seqs(20, 22)]
     assert len(applied) == len(set(applied))
+
+
+async def test_s2_sqs_fifo_a_connections_first_message_refused_is_not_lost(
+    sqs, fifo_queue, deduper
+):
+    """S2: the first request of a connection; SQS refuses seq 1 and takes 2. Nothing is
+    stored yet, so 2 was applied with no gap and 1, sent again, skipped as a copy."""
+    refusing = RefusingSqs(
+        sqs, lambda request, e: "InternalError" if (request, e.seq) == (1, 1) else None
+    )
+    sink = SqsFifoSink(refusing, SinkSettings(fifo_queue), clock_ms=lambda: NOW_MS, sleep=no_sleep)
+    await sink.handle_batch(batch(1, 3, epoch=3))
+    assert [e.seq for e in refusing.refused] == [1]
+    assert apply_all(deduper, drain_fifo(sqs, fifo_queue)) == seqs(1, 3)

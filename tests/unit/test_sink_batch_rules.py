@@ -127,22 +127,23 @@ def test_a_record_over_the_limit_is_refused_naming_the_message(size, refused):
     )
 
 
-def test_the_deduplication_id_names_the_message_within_sqs_rules():
-    ident = deduplication_id("btc-eth", 0, 42)
-    assert ident == deduplication_id("btc-eth", 0, 42)  # every copy, any worker
+def test_the_deduplication_id_names_one_send_of_a_message_within_sqs_rules():
+    ident = deduplication_id("btc-eth", 0, 42, "0.25.1")
+    assert ident == deduplication_id("btc-eth", 0, 42, "0.25.1")  # the request sent again
+    assert ident != deduplication_id("btc-eth", 0, 42, "0.25.2")  # a later send lands
     assert re.fullmatch(r"[0-9a-f]{64}", ident)
-    longest = deduplication_id("c" * 128, 2**63, 2**63)
+    longest = deduplication_id("c" * 128, 2**63, 2**63, "0.12345678901234567.99999")
     assert len(longest) == 64
 
 
 @pytest.mark.parametrize(
     ("one", "other"),
     [
-        (("c", 0, 1), ("c", 0, 2)),
-        (("c", 0, 1), ("c", 1, 1)),
-        (("c", 0, 1), ("d", 0, 1)),
-        (("c", 1, 11), ("c", 11, 1)),
-        (("c1", 1, 1), ("c", 11, 1)),  # a plain concatenation would confuse these
+        (("c", 0, 1, "t.1"), ("c", 0, 2, "t.1")),
+        (("c", 0, 1, "t.1"), ("c", 1, 1, "t.1")),
+        (("c", 0, 1, "t.1"), ("d", 0, 1, "t.1")),
+        (("c", 1, 11, "t.1"), ("c", 11, 1, "t.1")),
+        (("c1", 1, 1, "t.1"), ("c", 11, 1, "t.1")),  # a plain concatenation would confuse these
     ],
 )
 def test_different_messages_have_different_deduplication_ids(one, other):

@@ -346,19 +346,23 @@ def sqs_sink(client: Any, sleeps: Sleeps, attempts: int = 5) -> sqs_fifo.SqsFifo
     return sqs_fifo.SqsFifoSink(client, settings, clock_ms=Clock(), rng=lambda: 1.0, sleep=sleeps)
 
 
-async def test_sqs_sends_again_only_the_refused_entries():
+async def test_sqs_sends_again_from_the_first_refused_entry_of_the_connection():
     client, sleeps = FakeSqs(refuse_once(2)), Sleeps()
     await sqs_sink(client, sleeps).handle_batch(deliveries(15))
     seqs = [
         [Envelope.from_bytes(e["MessageBody"].encode()).seq for e in r] for r in client.requests
     ]
-    assert seqs == [list(range(1, 11)), [2, 11, 12, 13, 14, 15]]
+    assert seqs == [list(range(1, 11)), [*range(2, 11), 11, 12, 13, 14, 15][:10], [12, 13, 14, 15]]
     assert sleeps.delays == [BACKOFF_INITIAL]
-    # SQS drops a later copy as a duplicate: nothing may wait for one
-    assert {e.prev_seq for e in client.written} == {None}
+    # the early copies name the seq before them, so a consumer waits for the later copy
+    assert [(e.seq, e.prev_seq) for e in client.written[:3]] == [(1, None), (3, 2), (4, 3)]
     first = client.requests[0][0]
     assert first["MessageGroupId"] == "c-1"
-    assert first["MessageDeduplicationId"] == deduplication_id("c-1", 2, 1)
+    # each request its own deduplication ids: the later copy of 3 is not dropped
+    token = f"{1.0:.17f}"
+    assert first["MessageDeduplicationId"] == deduplication_id("c-1", 2, 1, f"{token}.1")
+    again = client.requests[1][1]
+    assert again["MessageDeduplicationId"] == deduplication_id("c-1", 2, 3, f"{token}.2")
 
 
 async def test_sqs_gives_up_at_once_on_a_fault_of_the_sender():

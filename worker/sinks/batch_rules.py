@@ -111,10 +111,14 @@ def to_send_again(keys: Sequence[str], failed: Sequence[bool], *, keep_order: bo
     return again
 
 
-def deduplication_id(connection_id: str, seq_gen: int, seq: int) -> str:
-    """The SQS ``MessageDeduplicationId`` of a message: the same for every copy of it,
-    whichever worker sends it. A hash, 64 hex digits: SQS allows 128 characters, and
-    a connection id may have 128 before its numbers are added. The hashed string is
-    a JSON array, so no two messages share it."""
-    canonical = json.dumps([connection_id, seq_gen, seq], separators=(",", ":"))
+def deduplication_id(connection_id: str, seq_gen: int, seq: int, send: str) -> str:
+    """The SQS ``MessageDeduplicationId`` of one send of a message: ``send`` names the
+    request (a token of the sink call and the request's number in it), so SQS drops
+    only the same request sent again (botocore's retry after a lost answer), never a
+    later send of the message. A later send must land: after a partial refusal it is
+    the copy that follows the early one (``prev_seq``), and a consumer holding the
+    early one back waits for it. A hash, 64 hex digits: SQS allows 128 characters,
+    and a connection id may have 128 before the rest is added. The hashed string is a
+    JSON array, so no two sends share it."""
+    canonical = json.dumps([connection_id, seq_gen, seq, send], separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()

@@ -1,8 +1,8 @@
 """``HANDLER=worker.sinks.sqs_fifo:factory``: each message as an envelope
 (:mod:`wsfleet.envelope`) into an SQS FIFO queue, the connection id as the message
-group (so each connection's messages are received in seq order) and a hash of
-``(connection_id, seq_gen, seq)`` as the deduplication id (so SQS drops a copy sent
-again within its five-minute deduplication window, by this worker or another).
+group (so each connection's messages are received in the order sent) and a hash of
+``(connection_id, seq_gen, seq)`` and the request as the deduplication id (so SQS
+drops a request botocore sent again, and nothing else).
 
 Settings: ``SINK_QUEUE_URL`` (a FIFO queue's URL, ending in ``.fifo``),
 ``SINK_MAX_ATTEMPTS`` (:mod:`worker.sinks.settings`).
@@ -11,6 +11,7 @@ Settings: ``SINK_QUEUE_URL`` (a FIFO queue's URL, ending in ``.fifo``),
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from functools import partial
@@ -24,6 +25,7 @@ from worker.sinks.sending import (
     Refusal,
     default_rng,
     envelope_of,
+    prev_seqs,
     record,
     run_blocking,
     send_all,
@@ -51,22 +53,15 @@ class SqsFifoSink:
     """A batch handler that writes each batch with ``SendMessageBatch``: requests of
     at most 10 messages and 256 KiB, in delivery order.
 
-    Entries a request refuses (``Failed``) are sent again with backoff, up to
-    ``max_attempts`` sends each, and not at all when SQS says the fault is the
-    sender's (``SenderFault``: the same entry would be refused again); then the call
-    fails and the worker sends the whole batch again later.
-
-    Only the refused entries are sent again, unlike the Kinesis and Firehose sinks:
-    sending a later entry of the connection again would not put a copy of it after
-    the refused one, since SQS drops it as a duplicate of the copy it took (same
-    deduplication id, within five minutes). So when SQS refuses seq k and takes k+1
-    of one request (it has no reason to for entries the sink checked beforehand, but
-    it may on an internal error), the group holds k+1 before k and no later copy of
-    k+1: a consumer that keeps only the highest seq applied loses k, one that takes
-    only the next seq loses k+1; one that remembers every seq it took loses neither.
-    For the same reason its envelopes carry no ``prev_seq``: a message a consumer held
-    back until the one before it came would not come again. The deduper applies k+1
-    with a gap and k late.
+    Entries a request refuses (``Failed``) are sent again as the Kinesis sink's are
+    (:class:`~worker.sinks.kinesis.KinesisSink`): from a connection's first refused
+    entry on, in order, so when SQS refuses seq k and takes k+1 the group holds
+    k+1, k, k+1. Each envelope names the seq sent before it (``prev_seq``), so the
+    deduper holds the early k+1 back (EARLY) and applies k, then k+1. That needs the
+    later copy of k+1 to land: each request gives its entries deduplication ids of
+    their own (:func:`~worker.sinks.batch_rules.deduplication_id`), so SQS drops only
+    a request botocore sent again, and a consumer drops the other copies (another
+    owner's, a batch sent again whole) with the deduper.
     """
 
     def __init__(
@@ -90,10 +85,9 @@ class SqsFifoSink:
     async def handle_batch(self, deliveries: Sequence[Delivery]) -> None:
         received_at = self._clock_ms()
         records: list[Record[Entry]] = []
-        for number, delivery in enumerate(deliveries):
-            # No prev_seq: SQS drops a later copy of a message as a duplicate, so one a
-            # consumer held back as early would never come again.
-            envelope = envelope_of(delivery, received_at)
+        numbered = enumerate(zip(deliveries, prev_seqs(deliveries), strict=True))
+        for number, (delivery, prev_seq) in numbered:
+            envelope = envelope_of(delivery, received_at, prev_seq)
             body = envelope.to_bytes().decode()
             if any(c in body for c in _NOT_IN_SQS):
                 body = envelope.to_bytes(ascii_only=True).decode()
@@ -102,18 +96,28 @@ class SqsFifoSink:
                 Id=str(number),
                 MessageBody=body,
                 MessageGroupId=delivery.connection_id,
-                MessageDeduplicationId=deduplication_id(
-                    delivery.connection_id, delivery.seq_gen, delivery.seq
-                ),
+                MessageDeduplicationId="",  # set per request
             )
             records.append(record(SQS_LIMITS, delivery, entry, len(body.encode())))
+        token = f"{self._rng():.17f}"
+        requests = itertools.count(1)
+
+        async def send(entries: list[Entry]) -> list[Refusal | None]:
+            request = f"{token}.{next(requests)}"
+            sent = []
+            for entry in entries:
+                d = deliveries[int(entry["Id"])]
+                ident = deduplication_id(d.connection_id, d.seq_gen, d.seq, request)
+                sent.append(Entry(entry, MessageDeduplicationId=ident))
+            return await self._send(sent)
+
         await send_all(
             records,
-            self._send,
+            send,
             limits=SQS_LIMITS,
             destination=self._settings.destination,
             max_attempts=self._settings.max_attempts,
-            keep_order=False,
+            keep_order=True,
             rng=self._rng,
             sleep=self._sleep,
         )
