@@ -108,7 +108,7 @@ class SqsFifoSink:
             for entry in entries:
                 d = deliveries[int(entry["Id"])]
                 ident = deduplication_id(d.connection_id, d.seq_gen, d.seq, request)
-                sent.append(Entry(entry, MessageDeduplicationId=ident))
+                sent.append({**entry, "MessageDeduplicationId": ident})
             return await self._send(sent)
 
         await send_all(
