@@ -104,11 +104,18 @@ class SqsFifoSink:
 
         async def send(entries: list[Entry]) -> list[Refusal | None]:
             request = f"{token}.{next(requests)}"
-            sent = []
+            sent: list[Entry] = []
             for entry in entries:
                 d = deliveries[int(entry["Id"])]
                 ident = deduplication_id(d.connection_id, d.seq_gen, d.seq, request)
-                sent.append({**entry, "MessageDeduplicationId": ident})
+                sent.append(
+                    Entry(
+                        Id=entry["Id"],
+                        MessageBody=entry["MessageBody"],
+                        MessageGroupId=entry["MessageGroupId"],
+                        MessageDeduplicationId=ident,
+                    )
+                )
             return await self._send(sent)
 
         await send_all(
