@@ -133,6 +133,23 @@ def _worker_alarms(f: MonitoredFleet) -> list[AlarmSpec]:
             "them until they are started again",
         ),
         AlarmSpec(
+            "SinkMessagesSetAside",
+            f.worker(m.SINK_MESSAGES_SET_ASIDE, period=FIVE_MINUTES),
+            1,
+            "a built-in sink could never send a message (its payload is not JSON, its "
+            "record is over the service's limit, or the service refused it for good) "
+            "and sent a set-aside envelope in its place: the worker log 'message set "
+            "aside' names it",
+        ),
+        AlarmSpec(
+            "MessagesSkipped",
+            f.worker(m.MESSAGES_SKIPPED, period=FIVE_MINUTES),
+            1,
+            "handler calls failed and were skipped (HANDLER_ERRORS=skip): those "
+            "messages are lost; the worker log 'handler failed; message skipped' names "
+            "their seqs",
+        ),
+        AlarmSpec(
             "ForeignSessionProtocol",
             f.worker(m.FOREIGN_SESSIONS),
             1,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Final
 
 from websocket_fleet.errors import FleetOptionsError
 from websocket_fleet.handler_requirements import REQUIREMENTS_FILE, conflicts
+from wsfleet.sink_limits import FIREHOSE_LIMITS, KINESIS_LIMITS, SQS_LIMITS, max_message_bytes
 
 if TYPE_CHECKING:
     from aws_cdk import aws_iam as iam
@@ -74,6 +75,9 @@ class WorkerHandler:
     container; ``handler_environment`` may not set them again."""
     grant: Callable[[iam.IRole], None] | None = field(default=None, compare=False)
     """Called once with the workers' task role: grants what the handler writes to."""
+    max_message_bytes: int | None = None
+    """The largest message the handler can carry (a built-in sink's record limit less
+    the envelope): the workers' ``MAX_MESSAGE_BYTES`` by default, and its ceiling."""
 
     @classmethod
     def from_directory(cls, path: str | os.PathLike[str], factory: str) -> WorkerHandler:
@@ -142,6 +146,7 @@ class WorkerHandler:
             factory=KINESIS_SINK,
             environment={SINK_STREAM_NAME: stream.stream_arn},
             grant=grant,
+            max_message_bytes=max_message_bytes(KINESIS_LIMITS),
         )
 
     @classmethod
@@ -157,6 +162,7 @@ class WorkerHandler:
             grant=lambda role: _granted(
                 delivery_stream.grant(role, "firehose:PutRecordBatch"), role, None, "Firehose"
             ),
+            max_message_bytes=max_message_bytes(FIREHOSE_LIMITS),
         )
 
     @classmethod
@@ -184,6 +190,7 @@ class WorkerHandler:
             factory=SQS_FIFO_SINK,
             environment={SINK_QUEUE_URL: queue.queue_url},
             grant=grant,
+            max_message_bytes=max_message_bytes(SQS_LIMITS),
         )
 
 

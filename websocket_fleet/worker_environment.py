@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 from websocket_fleet.errors import FleetOptionsError
 from websocket_fleet.sources import worker_config
 from wsfleet import metric_names
+from wsfleet.sink_limits import ENVELOPE_ALLOWANCE
 
 if TYPE_CHECKING:
     from websocket_fleet.options import FleetOptions
@@ -53,7 +54,34 @@ def option_settings(options: FleetOptions) -> dict[str, str]:
     }
     if options.handler is not None:
         env["HANDLER"] = options.handler.factory
+        carried = options.handler.max_message_bytes
+        if carried is not None:
+            _check_message_bytes(options, carried)
+            env.setdefault(MAX_MESSAGE_BYTES, str(carried))
     return env
+
+
+MAX_MESSAGE_BYTES: Final = "MAX_MESSAGE_BYTES"
+
+
+def _check_message_bytes(options: FleetOptions, carried: int) -> None:
+    """A ``MAX_MESSAGE_BYTES`` above what the handler (a built-in sink) can carry would
+    let messages through that the sink can only set aside."""
+    given = options.worker_settings.get(MAX_MESSAGE_BYTES)
+    if given is None:
+        return
+    try:
+        value = int(str(given).strip())
+    except ValueError:
+        return  # the worker's own rules name a malformed value
+    if value > carried:
+        raise FleetOptionsError(
+            "worker_settings",
+            f"{MAX_MESSAGE_BYTES} {value:,} is over what the handler "
+            f"{options.handler.factory if options.handler else ''} can send as one record "
+            f"({carried:,}: the service's limit less {ENVELOPE_ALLOWANCE:,} bytes for the "
+            "envelope); leave it unset for that, or set it lower",
+        )
 
 
 def worker_environment(options: FleetOptions, table_name: str, queue_url: str) -> dict[str, str]:

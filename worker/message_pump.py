@@ -328,6 +328,7 @@ class MessagePump:
                 extra={"connection_id": self._lease.connection_id, **seqs, "error": repr(failure)},
             )
             if verdict is Failure.SKIP:
+                s.metrics.count(m.MESSAGES_SKIPPED, count)
                 return True
             if delays is None:
                 delays = backoff_delays(initial=0.1, maximum=10.0, rng=s.rng.random)

@@ -1,6 +1,22 @@
 """Consumer-side de-duplication and fencing of the envelopes the fleet's sinks write
 (:mod:`wsfleet.envelope`), with a DynamoDB table of the consumer's own.
 
+Two modes, chosen per :class:`Deduper` (``ordered``):
+
+- **ordered** (the default): one item per connection, holding its position. The rules
+  below count on each connection's records being read in the order the sink wrote
+  them: Kinesis (a connection's records stay on one shard) and SQS FIFO (one message
+  group per connection). Its effects come in seq order, bar late seqs.
+- **unordered** (``ordered=False``): one item per message, for records read in any
+  order: Firehose into S3 (objects are read as their events come or as listed by key,
+  not as written), or any transport read out of order. Read out of order, the ordered
+  rules lose messages: a higher seq applied first makes a lower one a copy unless it
+  is a late seq within the horizon (and nothing stored shows no gap at all), and an
+  EARLY record whose copy was read before it is never applied.
+
+The ordered mode
+----------------
+
 The sinks deliver at least once: after a crash the next owner (a higher ``epoch``)
 resumes from the last checkpoint, so what was sent since comes again, and a superseded
 owner (a lower epoch) may still land a few records late. Within one connection
@@ -88,6 +104,41 @@ worker's stamp) and ``applied_at_ms`` (N: the consumer's clock at the last write
 About 90 bytes without late seqs: one write unit per write, a refused one included.
 Every message of a connection writes its one item, so a connection is bounded by what
 one DynamoDB item takes (about 1,000 writes a second).
+
+The unordered mode
+------------------
+
+Each message ``(connection_id, seq_gen, seq)`` is an item of its own in the same
+table, under the key ``<connection_id>#<seq_gen>#<seq>`` (``#`` is not allowed in a
+connection id, so it never meets a connection's item: one table may serve both
+modes). A conditional put that the item does not exist decides: it passes, **APPLY**;
+it fails, **SKIP** (``Outcome.stored``: the epoch of the copy applied, with the
+envelope's ``seq_gen`` and ``seq``). Never EARLY; ``gap`` is 0 and ``late`` False:
+with no order there is nothing to jump over, and ``prev_seq`` decides nothing.
+
+What it guarantees: every message applied once whatever order its copies are read in,
+whichever owner sent each, within the retention; no order at all, not even within a
+connection. The three ways of using it guarantee what they do in the ordered mode:
+:meth:`Deduper.transact` exactly once (the put and the caller's writes in one
+transaction), :meth:`Deduper.decide` then an effect at most once,
+:meth:`Deduper.preview`, an idempotent effect, then :meth:`Deduper.decide` at least
+once. Two consumers racing on one message: one put passes. It assumes, as the ordered
+mode does, that a seq names one message across owners (not so for ``live``).
+
+Retention: each item holds ``expires_at`` (N, epoch seconds: when it was applied plus
+``retention_seconds``, 14 days unless chosen), on which :func:`create_dedup_table`
+turns DynamoDB's TTL on. A copy read after its item has expired **may be applied
+again**: TTL deletes an expired item some time after ``expires_at`` (typically within
+days), and from then on the message is new to the table. Choose a retention longer
+than any copy can come late (S3 event retries, a replay of old objects); an item
+expired but not deleted yet still makes a copy SKIP.
+
+Item: ``connection_id`` (S, the key above), ``epoch`` (of the copy applied),
+``received_at_ms``, ``applied_at_ms`` and ``expires_at`` (N). Cost: one item per
+message, so one write unit per message and per copy (a refused put included; twice
+that in a transaction, as for every transactional write) and about 100 bytes plus the
+connection id of storage per message for the retention. No limit per connection: each
+message writes an item of its own.
 """
 
 from __future__ import annotations
@@ -118,12 +169,20 @@ SEQ: Final = "seq"
 LATE: Final = "late"
 RECEIVED_AT_MS: Final = "received_at_ms"
 APPLIED_AT_MS: Final = "applied_at_ms"
+EXPIRES_AT: Final = "expires_at"
+"""The unordered mode's TTL attribute: epoch seconds."""
+MESSAGE_ID_SEPARATOR: Final = "#"
+"""Joins a message's identity into its item's key; never in a connection id."""
+
+RETENTION_SECONDS: Final = 14 * 24 * 3600
+"""How long the unordered mode keeps a message's item by default (14 days): longer
+than S3 event notifications are retried and than most replays reach back."""
 
 HOLE_HORIZON: Final = 500
 """How far below the highest applied seq a seq jumped over is still awaited: the
 sinks' largest request (500 records) bounds how far they reorder."""
 MAX_EFFECTS: Final = 99
-"""TransactWriteItems takes 100 actions; one is the dedup update."""
+"""TransactWriteItems takes 100 actions; one is the dedup write."""
 MAX_ATTEMPTS: Final = 8
 """Writes tried per decision: the first, the one after it (a gap, a late seq, a new
 stream), and more only when other consumers keep changing the item in between."""
@@ -138,13 +197,15 @@ _CONFLICT: Final = "TransactionConflictException"
 
 class Decision(enum.Enum):
     APPLY = "apply"
-    """New, from a current owner: recorded (and, through ``transact``, its effects)."""
+    """Not applied yet, whichever owner sent it: recorded (and, through ``transact``,
+    its effects)."""
     SKIP = "skip"
     """A copy of a message already applied."""
     EARLY = "early"
     """Ahead of the message sent just before it in its batch (``prev_seq``), which is
     not applied yet: not applied now. The sink writes it again after that one
-    (Kinesis and Firehose send again in order), so the copy that follows is applied."""
+    (Kinesis and Firehose send again in order), so the copy that follows is applied.
+    Ordered mode only."""
 
 
 class DedupStateError(RuntimeError):
@@ -158,7 +219,7 @@ class EffectFailedError(RuntimeError):
     def __init__(self, message: str, reasons: Sequence[Mapping[str, Any]]) -> None:
         super().__init__(message)
         self.reasons = list(reasons)
-        """``CancellationReasons``: index 0 is the dedup update, then the effects."""
+        """``CancellationReasons``: index 0 is the dedup write, then the effects."""
 
 
 class ContendedError(RuntimeError):
@@ -207,7 +268,8 @@ class Outcome:
     """For APPLY: a seq a gap had jumped over, applied after higher ones."""
     stored: Position | None = None
     """For SKIP and EARLY: the stored position that made it so (None for EARLY
-    when nothing is stored); None for APPLY."""
+    when nothing is stored); None for APPLY. In the unordered mode, for SKIP: the
+    epoch of the copy applied, with the envelope's ``seq_gen`` and ``seq``."""
 
 
 # --- the rules, pure --------------------------------------------------------------------
@@ -427,6 +489,59 @@ def dedup_update(
     }
 
 
+# --- the unordered mode, pure -----------------------------------------------------------
+
+
+def message_id(connection_id: str, seq_gen: int, seq: int) -> str:
+    """The key of a message's item in the unordered mode. A connection id holds no
+    ``#`` (:func:`wsfleet.schema.is_valid_connection_id`), so this is never one, and
+    the three parts read back unambiguously."""
+    return MESSAGE_ID_SEPARATOR.join((connection_id, str(seq_gen), str(seq)))
+
+
+def message_key(envelope: Envelope) -> dict[str, Any]:
+    return key(message_id(envelope.connection_id, envelope.seq_gen, envelope.seq))
+
+
+def expires_at(now_ms: int, retention_seconds: int) -> int:
+    """The TTL of an item applied at ``now_ms``: epoch seconds, rounded up, so an item
+    is kept at least ``retention_seconds``."""
+    return -(-now_ms // 1000) + retention_seconds
+
+
+def message_put(envelope: Envelope, now_ms: int, retention_seconds: int) -> dict[str, Any]:
+    """``Item``, ``ConditionExpression`` and its names: the put that applies
+    ``envelope`` in the unordered mode, if its message has no item yet."""
+    item = {
+        **message_key(envelope),
+        EPOCH: _number(envelope.epoch),
+        RECEIVED_AT_MS: _number(envelope.received_at_ms),
+        APPLIED_AT_MS: _number(now_ms),
+        EXPIRES_AT: _number(expires_at(now_ms, retention_seconds)),
+    }
+    return {
+        "Item": item,
+        "ConditionExpression": "attribute_not_exists(#id)",
+        "ExpressionAttributeNames": {"#id": PARTITION_KEY},
+    }
+
+
+def copy_position(item: Mapping[str, Any] | None, envelope: Envelope) -> Position | None:
+    """What a message's stored item says about ``envelope`` (None or empty: no item):
+    the epoch of the copy applied, with the envelope's ``seq_gen`` and ``seq``. Raises
+    :class:`DedupStateError` when its epoch is not a whole number >= 0."""
+    if not item:
+        return None
+    return Position(_whole_number(item, item.get(EPOCH), EPOCH), envelope.seq_gen, envelope.seq)
+
+
+def message_outcome(item: Mapping[str, Any] | None, envelope: Envelope) -> Outcome:
+    """The unordered decision when the message's item holds ``item``: SKIP when there
+    is one, APPLY otherwise."""
+    stored = copy_position(item, envelope)
+    return Outcome(Decision.APPLY) if stored is None else Outcome(Decision.SKIP, stored=stored)
+
+
 def refused_with(reasons: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The stored item when a cancelled transaction's dedup update (the first action)
     failed its condition; None when that was not the reason."""
@@ -458,8 +573,12 @@ def _whole_number(item: Mapping[str, Any], raw: Any, name: str) -> int:
 
 
 def create_dedup_table(client: DynamoDBClient, table_name: str) -> None:
-    """The dedup table, on demand (PAY_PER_REQUEST); returns once it is ACTIVE. One
-    that exists with this key is used as it is; with another key, ValueError."""
+    """The dedup table, on demand (PAY_PER_REQUEST), with TTL on ``expires_at`` (the
+    unordered mode's items expire; a connection's item has no such attribute and is
+    kept); returns once it is ACTIVE. One that exists with this key is used as it is,
+    its TTL turned on if it is off; with another key, or TTL on another attribute,
+    ValueError. Needs ``dynamodb:UpdateTimeToLive`` and ``DescribeTimeToLive`` besides
+    ``CreateTable`` and ``DescribeTable``."""
     try:
         client.create_table(
             TableName=table_name,
@@ -481,6 +600,40 @@ def create_dedup_table(client: DynamoDBClient, table_name: str) -> None:
     client.get_waiter("table_exists").wait(
         TableName=table_name, WaiterConfig={"Delay": 1, "MaxAttempts": 120}
     )
+    enable_ttl(client, table_name)
+
+
+def enable_ttl(client: DynamoDBClient, table_name: str) -> None:
+    """Turn TTL on ``expires_at`` on, unless it is on or being turned on already (by
+    another consumer creating the table at the same time, say). ValueError when TTL is
+    on another attribute: the unordered mode's items would never expire."""
+    if _ttl_on(client, table_name):
+        return
+    try:
+        client.update_time_to_live(
+            TableName=table_name,
+            TimeToLiveSpecification={"Enabled": True, "AttributeName": EXPIRES_AT},
+        )
+    except ClientError as error:
+        # "TimeToLive is already enabled" when another caller got there in between;
+        # any other refusal (turned off within the last hour, say) stands.
+        if _code(error) != "ValidationException" or not _ttl_on(client, table_name):
+            raise
+
+
+def _ttl_on(client: DynamoDBClient, table_name: str) -> bool:
+    """Whether TTL is on, or being turned on, for ``expires_at``; ValueError when for
+    another attribute."""
+    described = client.describe_time_to_live(TableName=table_name)["TimeToLiveDescription"]
+    if described.get("TimeToLiveStatus") not in ("ENABLED", "ENABLING"):
+        return False
+    attribute = described.get("AttributeName")
+    if attribute != EXPIRES_AT:
+        raise ValueError(
+            f"table {table_name} has TTL on {attribute!r}, not {EXPIRES_AT!r}: the "
+            "unordered mode's items would never expire"
+        )
+    return True
 
 
 # --- the store ---------------------------------------------------------------------------
@@ -507,8 +660,9 @@ Write = Callable[[dict[str, Any]], "_Refused | _Conflict | None"]
 
 class Deduper:
     """Decides, per envelope, with conditional writes to ``table_name`` (see the
-    module's docstring for the rules and what each method guarantees). Holds no state
-    of its own: one instance may serve many threads if the client does.
+    module's docstring for the two modes, their rules and what each method
+    guarantees). Holds no state of its own: one instance may serve many threads if the
+    client does.
 
     Errors other than a failed condition or a conflict (throttling after botocore's
     retries, timeouts) propagate as botocore exceptions: the outcome is unknown, and
@@ -519,21 +673,28 @@ class Deduper:
         client: DynamoDBClient,
         table_name: str,
         *,
+        ordered: bool = True,
         hole_horizon: int = HOLE_HORIZON,
+        retention_seconds: int = RETENTION_SECONDS,
         clock_ms: Callable[[], int] = _wall_ms,
         sleep: Callable[[float], None] = time.sleep,
         rng: Callable[[], float] = random.random,
         max_attempts: int = MAX_ATTEMPTS,
     ) -> None:
-        """``hole_horizon``: how far below the highest applied seq a jumped-over seq is
-        still awaited (0: never); ``clock_ms``: the wall clock stamped as
-        ``applied_at_ms`` (decides nothing); ``sleep`` and ``rng``: the pause after a
-        conflict with another writer."""
-        if max_attempts < 1 or hole_horizon < 0:
-            raise ValueError("need max_attempts >= 1 and hole_horizon >= 0")
+        """``ordered``: False for records read in any order (one item per message);
+        ``hole_horizon`` (ordered mode only): how far below the highest applied seq a
+        jumped-over seq is still awaited (0: never); ``retention_seconds`` (unordered
+        mode only): how long a message's item is kept, so how late a copy may come and
+        still be skipped; ``clock_ms``: the wall clock stamped as ``applied_at_ms``
+        (and, unordered, that ``expires_at`` counts from); ``sleep`` and ``rng``: the
+        pause after a conflict with another writer."""
+        if max_attempts < 1 or hole_horizon < 0 or retention_seconds < 1:
+            raise ValueError("need max_attempts >= 1, hole_horizon >= 0 and retention_seconds >= 1")
         self._client = client
         self._table = table_name
+        self._ordered = ordered
         self._horizon = hole_horizon
+        self._retention = retention_seconds
         self._clock_ms = clock_ms
         self._sleep = sleep
         self._rng = rng
@@ -543,11 +704,18 @@ class Deduper:
     def table_name(self) -> str:
         return self._table
 
+    @property
+    def ordered(self) -> bool:
+        """False: one item per message, for records read in any order."""
+        return self._ordered
+
     def decide(self, envelope: Envelope) -> Outcome:
         """Record the decision for ``envelope`` and return it: one conditional
-        ``UpdateItem``, two for a gap, a late seq or a new stream. An effect made
-        after it happens at most once."""
+        ``UpdateItem``, two for a gap, a late seq or a new stream; unordered, one
+        conditional ``PutItem``. An effect made after it happens at most once."""
         validate(envelope)
+        if not self._ordered:
+            return self._decide_unordered(envelope, partial(self._put_alone, envelope))
         return self._decide(envelope, partial(self._write_alone, envelope))
 
     def transact(self, envelope: Envelope, effects: Sequence[Mapping[str, Any]]) -> Outcome:
@@ -569,6 +737,10 @@ class Deduper:
             ):
                 raise ValueError(f"effect {index} writes to the dedup table {self._table}")
 
+        if not self._ordered:
+            return self._decide_unordered(
+                envelope, partial(self._put_with, envelope, effects=effects)
+            )
         return self._decide(envelope, partial(self._write_with, envelope, effects=effects))
 
     def preview(self, envelope: Envelope) -> Outcome:
@@ -576,12 +748,20 @@ class Deduper:
         writing nothing. For an idempotent effect made before :meth:`decide` records
         it; the answer may be out of date by the time the effect is made."""
         validate(envelope)
+        if not self._ordered:
+            response = self._client.get_item(
+                TableName=self._table, Key=message_key(envelope), ConsistentRead=True
+            )
+            return message_outcome(response.get("Item"), envelope)
         stored = self.stored(envelope.connection_id)
         step = plan(stored, envelope, self._horizon)
         return step if isinstance(step, Outcome) else applied(step, envelope)
 
     def stored(self, connection_id: str) -> Position | None:
-        """The connection's position, read strongly (None: nothing applied yet)."""
+        """The connection's position, read strongly (None: nothing applied yet).
+        Ordered mode only: the unordered mode keeps no position (ValueError)."""
+        if not self._ordered:
+            raise ValueError("an unordered Deduper keeps no position per connection")
         response = self._client.get_item(
             TableName=self._table, Key=key(connection_id), ConsistentRead=True
         )
@@ -589,7 +769,7 @@ class Deduper:
 
     def _decide(self, envelope: Envelope, write: Write) -> Outcome:
         guard: Guard = NextSeq()
-        pauses: Iterator[float] = backoff_delays(initial=0.02, maximum=0.5, rng=self._rng)
+        pauses: Iterator[float] = self._pauses()
         for _ in range(self._max_attempts):
             update = dedup_update(envelope, self._clock_ms(), guard, self._horizon)
             result = write(update)
@@ -607,7 +787,27 @@ class Deduper:
                     f"{guard}, which the item it returned passes"
                 )
             guard = step
-        raise ContendedError(
+        raise self._contended(envelope)
+
+    def _decide_unordered(self, envelope: Envelope, put: Write) -> Outcome:
+        pauses: Iterator[float] = self._pauses()
+        for _ in range(self._max_attempts):
+            result = put(message_put(envelope, self._clock_ms(), self._retention))
+            if result is None:
+                return Outcome(Decision.APPLY)
+            if isinstance(result, _Conflict):
+                self._sleep(next(pauses))
+                continue
+            # The condition failed, so the item exists: a copy, even when DynamoDB
+            # returned no item to show for it.
+            return Outcome(Decision.SKIP, stored=copy_position(result.item, envelope))
+        raise self._contended(envelope)
+
+    def _pauses(self) -> Iterator[float]:
+        return backoff_delays(initial=0.02, maximum=0.5, rng=self._rng)
+
+    def _contended(self, envelope: Envelope) -> ContendedError:
+        return ContendedError(
             f"the decision on {envelope.key} lost {self._max_attempts} times to other "
             "writers; nothing was written"
         )
@@ -623,13 +823,16 @@ class Deduper:
                 **update,
             )
         except ClientError as error:
-            code = _code(error)
-            if code == "ConditionalCheckFailedException":
-                raw: Mapping[str, Any] | None = error.response.get("Item")  # type: ignore[assignment]
-                return _Refused(raw or {})
-            if code == _CONFLICT:
-                return _Conflict()
-            raise
+            return _single_write_refused(error)
+        return None
+
+    def _put_alone(self, envelope: Envelope, put: dict[str, Any]) -> _Refused | _Conflict | None:
+        try:
+            self._client.put_item(
+                TableName=self._table, ReturnValuesOnConditionCheckFailure="ALL_OLD", **put
+            )
+        except ClientError as error:
+            return _single_write_refused(error)
         return None
 
     def _write_with(
@@ -641,7 +844,26 @@ class Deduper:
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
             **update,
         }
-        items = [{"Update": own}, *effects]
+        return self._transact(envelope, {"Update": own}, effects)
+
+    def _put_with(
+        self, envelope: Envelope, put: dict[str, Any], *, effects: list[Mapping[str, Any]]
+    ) -> _Refused | _Conflict | None:
+        own: dict[str, Any] = {
+            "TableName": self._table,
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            **put,
+        }
+        return self._transact(envelope, {"Put": own}, effects)
+
+    def _transact(
+        self,
+        envelope: Envelope,
+        own: Mapping[str, Any],
+        effects: list[Mapping[str, Any]],
+    ) -> _Refused | _Conflict | None:
+        """The dedup write ``own`` first, then ``effects``, in one transaction."""
+        items = [own, *effects]
         try:
             self._client.transact_write_items(
                 TransactItems=cast("list[TransactWriteItemTypeDef]", items)
@@ -663,12 +885,24 @@ class Deduper:
         return None
 
 
+def _single_write_refused(error: ClientError) -> _Refused | _Conflict:
+    """A refused ``UpdateItem`` or ``PutItem``: its failed condition (with the item it
+    returned) or a conflict with a transaction; anything else propagates."""
+    code = _code(error)
+    if code == "ConditionalCheckFailedException":
+        raw: Mapping[str, Any] | None = error.response.get("Item")  # type: ignore[assignment]
+        return _Refused(raw or {})
+    if code == _CONFLICT:
+        return _Conflict()
+    raise error
+
+
 def _code(error: ClientError) -> str:
     return str(error.response.get("Error", {}).get("Code", ""))
 
 
 def _describe(index: int, reason: Mapping[str, Any]) -> str:
-    what = "the dedup update" if index == 0 else f"effect {index - 1}"
+    what = "the dedup write" if index == 0 else f"effect {index - 1}"
     return f"{what}: {reason.get('Code')}" + (
         f" ({reason['Message']})" if reason.get("Message") else ""
     )

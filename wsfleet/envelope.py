@@ -20,6 +20,17 @@ whose ``prev_seq`` a consumer has not applied yet came early and will come again
 it (:mod:`wsfleet.deduper`, EARLY). Absent: the first message of a connection in a
 call, and those of a worker older than the key.
 
+``set_aside``, last, replaces the payload (then ``null``) of a message the sink could
+never send: its payload is not JSON (NaN, an infinity), its record is over the
+service's limit, or the service refused it for good. It is an object: ``reason``
+(``not_json``, ``too_large`` or ``refused``), ``detail`` (what was wrong, for people),
+``bytes`` (the size of the record that could not be sent) and, when it fits,
+``text``: the payload as Python's JSON writer gives it (``NaN`` and ``Infinity`` as
+such), so nothing of a message that is only not JSON is lost. The message keeps its
+place in the stream, so a consumer applies it like any other (and shows it as set
+aside) and nothing after it waits; the worker logs it, with its seqs and an excerpt,
+and counts it (``SinkMessagesSetAside``).
+
 This module is shared by the worker's sinks and by consumers, so it imports nothing
 of the worker.
 """
@@ -36,6 +47,9 @@ KEYS: Final = ("connection_id", "epoch", "seq_gen", "seq", "received_at", "paylo
 """The keys every envelope has, in the order :meth:`Envelope.to_bytes` writes them."""
 PREV_SEQ: Final = "prev_seq"
 """The key of :attr:`Envelope.prev_seq`, written after ``seq`` when there is one."""
+SET_ASIDE: Final = "set_aside"
+"""The key of :attr:`Envelope.set_aside`, written last when there is one."""
+SET_ASIDE_REASONS: Final = ("not_json", "too_large", "refused")
 
 _NUMBERS: Final = ("epoch", "seq_gen", "seq", "received_at")
 MAX_NUMBER: Final = 10**38 - 1
@@ -61,6 +75,8 @@ class Envelope:
     """The seq of the message sent just before this one in the same sink call, of the
     same connection and ``seq_gen`` (below ``seq``); None for the first of a call.
     Last, with a default, so envelopes made without it are made as before."""
+    set_aside: SetAside | None = None
+    """Set when the message could not be sent; then ``payload`` is None."""
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -84,6 +100,8 @@ class Envelope:
             fields[PREV_SEQ] = self.prev_seq
         fields["received_at"] = self.received_at_ms
         fields["payload"] = self.payload
+        if self.set_aside is not None:
+            fields[SET_ASIDE] = self.set_aside.fields()
         try:
             if not ascii_only:
                 try:
@@ -115,12 +133,12 @@ class Envelope:
         if not isinstance(fields, dict):
             raise EnvelopeError(f"an envelope is a JSON object, got {type(fields).__name__}")
         missing = [key for key in KEYS if key not in fields]
-        extra = sorted(set(fields) - set(KEYS) - {PREV_SEQ})
+        extra = sorted(set(fields) - set(KEYS) - {PREV_SEQ, SET_ASIDE})
         if missing or extra:
             raise EnvelopeError(
                 "envelope keys are "
                 + ", ".join(KEYS)
-                + f", optionally {PREV_SEQ}"
+                + f", optionally {PREV_SEQ} and {SET_ASIDE}"
                 + (f"; missing: {', '.join(missing)}" if missing else "")
                 + (f"; unexpected: {', '.join(extra)}" if extra else "")
             )
@@ -151,7 +169,50 @@ class Envelope:
             received_at_ms=fields["received_at"],
             payload=fields["payload"],
             prev_seq=prev_seq,
+            set_aside=SetAside.from_fields(fields[SET_ASIDE]) if SET_ASIDE in fields else None,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class SetAside:
+    """Why a message was not sent, in place of its payload (module docstring)."""
+
+    reason: str
+    """One of :data:`SET_ASIDE_REASONS`."""
+    detail: str
+    bytes: int
+    """The size of what could not be sent (the record, or the payload as text)."""
+    text: str | None = None
+    """The payload as text, when it fits in the record."""
+
+    def fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {"reason": self.reason, "detail": self.detail}
+        fields["bytes"] = self.bytes
+        if self.text is not None:
+            fields["text"] = self.text
+        return fields
+
+    @classmethod
+    def from_fields(cls, fields: Any) -> SetAside:
+        if not isinstance(fields, dict):
+            raise EnvelopeError(f"{SET_ASIDE} must be an object, got {fields!r}")
+        reason, detail = fields.get("reason"), fields.get("detail")
+        size, text = fields.get("bytes"), fields.get("text")
+        extra = sorted(set(fields) - {"reason", "detail", "bytes", "text"})
+        if (
+            reason not in SET_ASIDE_REASONS
+            or not isinstance(detail, str)
+            or type(size) is not int
+            or size < 0
+            or not (text is None or isinstance(text, str))
+            or extra
+        ):
+            raise EnvelopeError(
+                f"{SET_ASIDE} must be an object with reason (one of "
+                f"{', '.join(SET_ASIDE_REASONS)}), detail (text), bytes (an integer "
+                f">= 0) and optionally text, got {fields!r}"
+            )
+        return cls(reason, detail, size, text)
 
 
 class _NotJsonError(ValueError):

@@ -39,6 +39,14 @@ FOREIGN_SESSIONS: Final = "ForeignSessions"
 """Live sessions of another session protocol, counted each time this worker was about
 to open a session and refused to (docs/DEPLOY.md, "Changing the session protocol")."""
 
+SINK_MESSAGES_SET_ASIDE: Final = "SinkMessagesSetAside"
+"""Messages a built-in sink could never send (not JSON, over the service's limit,
+refused for good) and sent as a set-aside envelope in their place; published by the
+sink when it happens, not every period."""
+MESSAGES_SKIPPED: Final = "MessagesSkipped"
+"""Messages of handler calls that failed and were skipped (``HANDLER_ERRORS=skip``):
+lost by choice, counted so the loss shows."""
+
 COUNTERS: Final = (
     LEASES_ACQUIRED,
     LEASES_LOST,
@@ -54,5 +62,6 @@ COUNTERS: Final = (
     UPSTREAM_GAPS,
     MALFORMED_ITEMS,
     FOREIGN_SESSIONS,
+    MESSAGES_SKIPPED,
 )
 """Published every period, zeros included."""

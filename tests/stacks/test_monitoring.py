@@ -71,6 +71,9 @@ def test_dlq_alarms_fire_on_a_single_message(synth: Synthesized) -> None:
         ("ConnectionsFailing", m.CONNECTIONS_FAILED, 300, 1, 1, 1),
         # any refusal: a deploy mixed two session protocols on one table
         ("ForeignSessionProtocol", m.FOREIGN_SESSIONS, 60, 1, 1, 1),
+        # any message a sink set aside, any skipped: a loss a person must see
+        ("SinkMessagesSetAside", m.SINK_MESSAGES_SET_ASIDE, 300, 1, 1, 1),
+        ("MessagesSkipped", m.MESSAGES_SKIPPED, 300, 1, 1, 1),
     ],
 )
 def test_lease_alarms_read_the_worker_metrics(
@@ -198,7 +201,7 @@ def test_every_alarm_notifies_the_stacks_topic_on_alarm_and_on_ok(synth: Synthes
     assert synth.settings.options.alarm_topic_arn is None
     topic_id, _ = only(synth.resources, "AWS::SNS::Topic")
     alarms = _alarms(synth)
-    assert len(alarms) == 12
+    assert len(alarms) == 14
     for name, alarm in alarms.items():
         assert alarm["AlarmActions"] == [{"Ref": topic_id}], name
         assert alarm["OKActions"] == [{"Ref": topic_id}], name

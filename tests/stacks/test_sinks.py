@@ -158,6 +158,7 @@ def test_kinesis_sets_the_factory_and_the_streams_arn(sink_app: SinkApp) -> None
     assert env["HANDLER"] == "worker.sinks.kinesis:factory"
     assert env["SINK_STREAM_NAME"] == arn(stream_id)
     assert env["SINK_MAX_ATTEMPTS"] == "8"
+    assert env["MAX_MESSAGE_BYTES"] == str(1024 * 1024 - 1024)
 
 
 def test_kinesis_grants_the_write_and_the_keys_encryption_only(sink_app: SinkApp) -> None:
@@ -196,6 +197,8 @@ def test_sqs_fifo_sets_the_queue_url_and_grants_the_send_with_the_key(sink_app: 
     env = container_environment({"Resources": resources})
     assert env["HANDLER"] == "worker.sinks.sqs_fifo:factory"
     assert env["SINK_QUEUE_URL"] == {"Ref": queue_id}
+    # the largest message an SQS body carries with its envelope, not the worker's 1 MiB
+    assert env["MAX_MESSAGE_BYTES"] == str(256 * 1024 - 1024)
     assert sink_permissions(resources) == grants(SQS_SEND, arn(queue_id)) | grants(
         KMS_SEND, key_arn(resources)
     )
@@ -238,6 +241,30 @@ def test_the_handler_environment_may_not_set_the_sinks_destination_again() -> No
             handler_environment={"SINK_STREAM_NAME": "other"},
         )
     assert refused.value.option == "handler_environment"
+
+
+@pytest.mark.parametrize(("given", "refused"), [("261120", False), ("261121", True)])
+def test_a_max_message_bytes_the_sink_cannot_carry_is_refused(given: str, refused: bool) -> None:
+    """S5: with the worker's 1 MiB and the SQS sink's 256 KiB, every message between
+    the two could never be sent."""
+    stack = cdk.Stack(cdk.App(), "S")
+    queue = sqs.Queue(stack, "Envelopes", fifo=True)
+
+    def fleet() -> WebSocketFleet:
+        return WebSocketFleet(
+            stack,
+            "Fleet",
+            handler=WorkerHandler.sqs_fifo(queue),
+            allowed_upstream_hosts=HOSTS,
+            worker_settings={"MAX_MESSAGE_BYTES": given},
+        )
+
+    if not refused:
+        fleet()
+        return
+    with pytest.raises(FleetOptionsError, match="MAX_MESSAGE_BYTES 261,121 is over") as caught:
+        fleet()
+    assert caught.value.option == "worker_settings"
 
 
 # --- this app: sink=kinesis --------------------------------------------------------------

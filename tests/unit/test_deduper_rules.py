@@ -18,14 +18,7 @@ from tests.unit.expressions import apply, holds
 from worker.delivery import Delivery
 from worker.sinks.batch_rules import Limits
 from worker.sinks.kinesis import KinesisSink
-from worker.sinks.sending import (
-    Refusal,
-    SinkSendError,
-    envelope_of,
-    prev_seqs,
-    record,
-    send_all,
-)
+from worker.sinks.sending import Refusal, SinkSender, SinkSendError
 from worker.sinks.settings import SinkSettings
 from wsfleet.deduper import (
     HOLE_HORIZON,
@@ -781,25 +774,20 @@ class RandomShard:
 async def write_batches(
     batches: Sequence[Sequence[Delivery]], shard: RandomShard, limits: Limits, attempts: int
 ) -> None:
-    """As the Kinesis sink, in requests within ``limits``; a call that fails is made
-    again whole, as the worker does (``HANDLER_ERRORS=retry``)."""
+    """As the sinks, in requests within ``limits``; a call that fails is made again
+    whole, as the worker does (``HANDLER_ERRORS=retry``)."""
+    sender: SinkSender[Envelope] = SinkSender(
+        limits=limits,
+        destination="stream-1",
+        max_attempts=attempts,
+        report=lambda notice: None,
+        rng=lambda: 1.0,
+        sleep=_no_sleep,
+    )
     for deliveries in batches:
-        records = [
-            record(limits, d, envelope_of(d, NOW, p), 1)
-            for d, p in zip(deliveries, prev_seqs(deliveries), strict=True)
-        ]
         while True:
             try:
-                await send_all(
-                    records,
-                    shard.send,
-                    limits=limits,
-                    destination="stream-1",
-                    max_attempts=attempts,
-                    keep_order=True,
-                    rng=lambda: 1.0,
-                    sleep=_no_sleep,
-                )
+                await sender.send_batch(deliveries, lambda e: (e, 1), shard.send, NOW)
                 break
             except SinkSendError:
                 continue

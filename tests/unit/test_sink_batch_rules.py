@@ -11,15 +11,16 @@ import pytest
 from worker.sinks.batch_rules import (
     FIREHOSE_LIMITS,
     KINESIS_LIMITS,
-    MIB,
     SQS_LIMITS,
     Limits,
-    RecordTooLargeError,
-    check_record_size,
     deduplication_id,
     first_request_length,
+    is_throttle,
+    landed_in_order,
+    next_window,
     to_send_again,
 )
+from wsfleet.sink_limits import MIB
 
 SMALL = Limits("Test", max_count=3, max_bytes=10, max_record_bytes=10)
 
@@ -109,22 +110,55 @@ def test_keys_and_outcomes_must_match():
 
 
 @pytest.mark.parametrize(
-    ("size", "refused"),
-    [(MIB - 1, False), (MIB, False), (MIB + 1, True), (10 * MIB, True)],
+    ("window", "sent", "landed", "after"),
+    [
+        (500, 500, 500, 500),  # taken whole at the count limit: stays there
+        (4, 4, 4, 8),  # taken whole: twice as many
+        (1, 1, 1, 2),
+        (500, 500, 120, 120),  # throttled: what was taken
+        (120, 120, 0, 1),  # nothing taken: one at a time
+        (8, 3, 3, 16),  # a short request taken whole grows from the window
+    ],
 )
-def test_a_record_over_the_limit_is_refused_naming_the_message(size, refused):
-    if not refused:
-        check_record_size(KINESIS_LIMITS, "c-1", 2, 17, size)
-        return
-    with pytest.raises(RecordTooLargeError) as caught:
-        check_record_size(KINESIS_LIMITS, "c-1", 2, 17, size)
-    error = caught.value
-    assert (error.connection_id, error.seq_gen, error.seq, error.size) == ("c-1", 2, 17, size)
-    assert error.limit == MIB
-    assert str(error) == (
-        f"message 17 (seq_gen 2) of connection c-1 is {size:,} bytes as a Kinesis record, "
-        "over the limit of 1,048,576: not sent"
-    )
+def test_the_window_follows_what_the_destination_takes(window, sent, landed, after):
+    assert next_window(window, sent, landed, KINESIS_LIMITS) == after
+
+
+def test_the_window_never_passes_the_services_count():
+    assert next_window(8, 8, 8, SQS_LIMITS) == 10
+
+
+@pytest.mark.parametrize(
+    ("keys", "landed", "counts"),
+    [
+        ("aaa", [True, True, True], {"a": 3}),
+        ("aaa", [True, False, True], {"a": 1}),  # the third landed ahead of the second
+        ("aaa", [False, True, True], {"a": 0}),
+        ("abab", [True, False, True, True], {"a": 2, "b": 0}),
+        ("", [], {}),
+    ],
+)
+def test_what_a_call_landed_in_order_per_connection(keys, landed, counts):
+    assert landed_in_order(list(keys), landed) == counts
+
+
+def test_landed_keys_and_outcomes_must_match():
+    with pytest.raises(ValueError, match="2 keys but 1 outcomes"):
+        landed_in_order(["a", "b"], [True])
+
+
+@pytest.mark.parametrize(
+    ("code", "throttle"),
+    [
+        ("ProvisionedThroughputExceededException", True),
+        ("ServiceUnavailableException", True),
+        ("InternalFailure", True),
+        ("KMSAccessDeniedException", False),
+        ("InvalidMessageContents", False),
+    ],
+)
+def test_which_refusals_are_waited_out(code, throttle):
+    assert is_throttle(code) is throttle
 
 
 def test_the_deduplication_id_names_one_send_of_a_message_within_sqs_rules():

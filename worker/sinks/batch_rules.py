@@ -1,74 +1,18 @@
 """The sinks' decisions, as pure functions: how many records go into one request,
-which records are sent again after a partial failure, whether one record may be
-sent at all, and the SQS deduplication id of a message."""
+which records are sent again after a partial failure, which refusals are a
+throttle, how many records the next request may carry while throttled, what a
+failed call landed in order, and the SQS deduplication id of a send."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Final
 
+from wsfleet.sink_limits import FIREHOSE_LIMITS, KINESIS_LIMITS, SQS_LIMITS, Limits
 
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """One service's request limits, in bytes as the service counts them."""
-
-    service: str
-    """How error messages name the service."""
-    max_count: int
-    """Records per request."""
-    max_bytes: int
-    """Bytes per request, all records together."""
-    max_record_bytes: int
-    """Bytes per record."""
-
-
-MIB: Final = 1 << 20
-KIB: Final = 1 << 10
-
-KINESIS_LIMITS: Final = Limits("Kinesis", max_count=500, max_bytes=5 * MIB, max_record_bytes=MIB)
-"""PutRecords: each record's data plus its partition key counts, for the record and
-for the request."""
-FIREHOSE_LIMITS: Final = Limits(
-    "Firehose", max_count=500, max_bytes=4 * MIB, max_record_bytes=1000 * KIB
-)
-"""PutRecordBatch: the record's data (before base64) counts."""
-SQS_LIMITS: Final = Limits("SQS", max_count=10, max_bytes=256 * KIB, max_record_bytes=256 * KIB)
-"""SendMessageBatch: the message bodies count. 256 KiB is a queue's default
-``MaximumMessageSize``; kept as the limit so that any FIFO queue takes every message
-the sink sends."""
-
-
-class RecordTooLargeError(ValueError):
-    """A message whose record is over the service's limit: never cut, never sent.
-
-    A handler failure like any other: the worker retries the batch, or skips it with
-    ``HANDLER_ERRORS=skip``."""
-
-    def __init__(
-        self, limits: Limits, connection_id: str, seq_gen: int, seq: int, size: int
-    ) -> None:
-        self.connection_id = connection_id
-        self.seq_gen = seq_gen
-        self.seq = seq
-        self.size = size
-        self.limit = limits.max_record_bytes
-        super().__init__(
-            f"message {seq} (seq_gen {seq_gen}) of connection {connection_id} is "
-            f"{size:,} bytes as a {limits.service} record, over the limit of "
-            f"{limits.max_record_bytes:,}: not sent"
-        )
-
-
-def check_record_size(
-    limits: Limits, connection_id: str, seq_gen: int, seq: int, size: int
-) -> None:
-    """Raise :class:`RecordTooLargeError` when a record of ``size`` bytes may not be
-    sent to the service."""
-    if size > limits.max_record_bytes:
-        raise RecordTooLargeError(limits, connection_id, seq_gen, seq, size)
+__all__ = ["FIREHOSE_LIMITS", "KINESIS_LIMITS", "SQS_LIMITS", "Limits"]
 
 
 def first_request_length(sizes: Iterable[int], limits: Limits) -> int:
@@ -83,6 +27,58 @@ def first_request_length(sizes: Iterable[int], limits: Limits) -> int:
             break
         count += 1
         total += size
+    return count
+
+
+THROTTLE_CODES: Final = frozenset(
+    {
+        "ProvisionedThroughputExceededException",  # Kinesis: the shard's write limit
+        "ServiceUnavailableException",  # Firehose: the stream's throughput limit
+        "ThrottlingException",
+        "RequestThrottled",
+        "InternalFailure",  # Kinesis and Firehose: passes when sent again
+        "InternalError",  # SQS: the same
+        "ServiceUnavailable",
+    }
+)
+"""Refusals of one record that pass when sent again later: sent again for as long as
+it takes (the rate the destination grants), never counted against
+``SINK_MAX_ATTEMPTS``."""
+
+
+def is_throttle(code: str) -> bool:
+    return code in THROTTLE_CODES
+
+
+def next_window(window: int, sent: int, landed: int, limits: Limits) -> int:
+    """Records the next request may carry after one of ``sent`` records in which
+    ``landed`` were taken: twice as many after a request taken whole (up to the
+    service's count), else as many as were taken (at least one). While throttled,
+    requests shrink to what the destination takes, so few records are refused and
+    sent again, and grow back once it takes them all."""
+    if landed >= sent:
+        return min(limits.max_count, max(window, sent) * 2)
+    return max(1, landed)
+
+
+def landed_in_order(keys: Sequence[str], landed: Sequence[bool]) -> dict[str, int]:
+    """Per connection, how many of its records, from its first in the call, landed
+    where a consumer applies them: each taken with every record of the connection
+    before it taken first. ``keys``: each record's connection id in the call's
+    order; ``landed``: whether its last send was taken (a record sent again after a
+    refusal of an earlier one is not landed until its later copy is)."""
+    if len(keys) != len(landed):
+        raise ValueError(f"{len(keys)} keys but {len(landed)} outcomes")
+    count: dict[str, int] = {}
+    broken: set[str] = set()
+    for key, taken in zip(keys, landed, strict=True):
+        if key in broken:
+            continue
+        if taken:
+            count[key] = count.get(key, 0) + 1
+        else:
+            broken.add(key)
+            count.setdefault(key, 0)
     return count
 
 

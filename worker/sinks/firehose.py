@@ -15,20 +15,19 @@ from functools import partial
 from typing import Any, Protocol, TypedDict
 
 from worker.delivery import Delivery
+from worker.sinks import set_aside
 from worker.sinks.batch_rules import FIREHOSE_LIMITS
 from worker.sinks.clients import make_client, make_executor
 from worker.sinks.sending import (
-    Record,
     Refusal,
+    SetAsideReport,
+    SinkSender,
     default_rng,
-    envelope_of,
-    prev_seqs,
-    record,
     run_blocking,
-    send_all,
     wall_ms,
 )
 from worker.sinks.settings import SinkSettings
+from wsfleet.envelope import Envelope
 
 
 class Entry(TypedDict):
@@ -43,14 +42,12 @@ class FirehoseSink:
     """A batch handler that writes each batch with ``PutRecordBatch``: requests of at
     most 500 records and 4 MiB, in delivery order.
 
-    Records a request refuses (``FailedPutCount`` > 0) are sent again with backoff,
-    up to ``max_attempts`` sends each; then the call fails and the worker sends the
-    whole batch again later. As in :class:`~worker.sinks.kinesis.KinesisSink`, from
-    the first refused record of a connection on, every later record of that
-    connection in the request goes again too: the last copies of a connection's
-    messages are then in seq order, at the price of duplicates; and each envelope
-    names the seq sent before it (``prev_seq``), so a consumer holds back the early
-    ones.
+    Records a request refuses (``FailedPutCount`` > 0) are sent again as the Kinesis
+    sink's are (:class:`~worker.sinks.kinesis.KinesisSink`, and
+    :mod:`worker.sinks.sending` for what a throttle and a message that can never be
+    sent do). Firehose's output is not read in write order (S3 objects), so a
+    consumer takes each message once with the deduper's unordered mode
+    (:mod:`wsfleet.firehose_objects`), whatever the order.
     """
 
     def __init__(
@@ -62,31 +59,24 @@ class FirehoseSink:
         clock_ms: Callable[[], int] = wall_ms,
         rng: Callable[[], float] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        report: SetAsideReport = set_aside.report,
     ) -> None:
         """As :class:`~worker.sinks.kinesis.KinesisSink`."""
         self._client = client
         self._settings = settings
         self._executor = executor
         self._clock_ms = clock_ms
-        self._rng = rng or default_rng()
-        self._sleep = sleep
+        self._sender: SinkSender[Entry] = SinkSender(
+            limits=FIREHOSE_LIMITS,
+            destination=settings.destination,
+            max_attempts=settings.max_attempts,
+            report=report,
+            rng=rng or default_rng(),
+            sleep=sleep,
+        )
 
     async def handle_batch(self, deliveries: Sequence[Delivery]) -> None:
-        received_at = self._clock_ms()
-        records: list[Record[Entry]] = []
-        for delivery, prev_seq in zip(deliveries, prev_seqs(deliveries), strict=True):
-            data = envelope_of(delivery, received_at, prev_seq).to_bytes() + b"\n"
-            records.append(record(FIREHOSE_LIMITS, delivery, Entry(Data=data), len(data)))
-        await send_all(
-            records,
-            self._put,
-            limits=FIREHOSE_LIMITS,
-            destination=self._settings.destination,
-            max_attempts=self._settings.max_attempts,
-            keep_order=True,
-            rng=self._rng,
-            sleep=self._sleep,
-        )
+        await self._sender.send_batch(deliveries, _encode, self._put, self._clock_ms())
 
     async def _put(self, entries: list[Entry]) -> list[Refusal | None]:
         call = partial(
@@ -101,6 +91,11 @@ class FirehoseSink:
             Refusal(r["ErrorCode"], r.get("ErrorMessage", "")) if r.get("ErrorCode") else None
             for r in answer["RequestResponses"]
         ]
+
+
+def _encode(envelope: Envelope) -> tuple[Entry, int]:
+    data = envelope.to_bytes() + b"\n"
+    return Entry(Data=data), len(data)
 
 
 def factory() -> FirehoseSink:

@@ -15,20 +15,19 @@ from functools import partial
 from typing import Any, Protocol, TypedDict
 
 from worker.delivery import Delivery
+from worker.sinks import set_aside
 from worker.sinks.batch_rules import KINESIS_LIMITS
 from worker.sinks.clients import make_client, make_executor
 from worker.sinks.sending import (
-    Record,
     Refusal,
+    SetAsideReport,
+    SinkSender,
     default_rng,
-    envelope_of,
-    prev_seqs,
-    record,
     run_blocking,
-    send_all,
     wall_ms,
 )
 from worker.sinks.settings import SinkSettings
+from wsfleet.envelope import Envelope
 
 
 class Entry(TypedDict):
@@ -45,8 +44,11 @@ class KinesisSink:
     most 500 records and 5 MiB (data and partition keys), in delivery order.
 
     Records a request refuses (``FailedRecordCount`` > 0, mostly a shard over its
-    write limit) are sent again with backoff, up to ``max_attempts`` sends each;
-    then the call fails and the worker sends the whole batch again later.
+    write limit) are sent again with backoff, for as long as the shard throttles, in
+    requests cut to what it took last; other refusals up to ``max_attempts`` sends
+    each, then the call fails and the worker sends the batch again (leaving out what
+    landed in order). A message that can never be sent goes as a set-aside envelope
+    in its place (:mod:`worker.sinks.sending`).
 
     What is sent again is not only the refused record: from the first refused record
     of a connection on, every later record of that connection in the request goes
@@ -73,10 +75,12 @@ class KinesisSink:
         clock_ms: Callable[[], int] = wall_ms,
         rng: Callable[[], float] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        report: SetAsideReport = set_aside.report,
     ) -> None:
         """``executor``: where the blocking boto3 calls run (None: the loop's
         default); ``clock_ms``: the wall clock (epoch ms) that stamps
-        ``received_at``, read once per batch."""
+        ``received_at``, read once per batch; ``report``: where a message sent as a
+        set-aside envelope is reported."""
         self._client = client
         self._settings = settings
         stream = settings.destination
@@ -84,30 +88,17 @@ class KinesisSink:
         self._target = {"StreamARN" if arn else "StreamName": stream}
         self._executor = executor
         self._clock_ms = clock_ms
-        self._rng = rng or default_rng()
-        self._sleep = sleep
+        self._sender: SinkSender[Entry] = SinkSender(
+            limits=KINESIS_LIMITS,
+            destination=stream,
+            max_attempts=settings.max_attempts,
+            report=report,
+            rng=rng or default_rng(),
+            sleep=sleep,
+        )
 
     async def handle_batch(self, deliveries: Sequence[Delivery]) -> None:
-        received_at = self._clock_ms()
-        records: list[Record[Entry]] = []
-        for delivery, prev_seq in zip(deliveries, prev_seqs(deliveries), strict=True):
-            data = envelope_of(delivery, received_at, prev_seq).to_bytes()
-            key = delivery.connection_id
-            # Kinesis counts the partition key's UTF-8 bytes with the data.
-            size = len(data) + len(key.encode())
-            records.append(
-                record(KINESIS_LIMITS, delivery, Entry(Data=data, PartitionKey=key), size)
-            )
-        await send_all(
-            records,
-            self._put,
-            limits=KINESIS_LIMITS,
-            destination=self._settings.destination,
-            max_attempts=self._settings.max_attempts,
-            keep_order=True,
-            rng=self._rng,
-            sleep=self._sleep,
-        )
+        await self._sender.send_batch(deliveries, _encode, self._put, self._clock_ms())
 
     async def _put(self, entries: list[Entry]) -> list[Refusal | None]:
         call = partial(self._client.put_records, Records=entries, **self._target)
@@ -118,6 +109,13 @@ class KinesisSink:
             Refusal(r["ErrorCode"], r.get("ErrorMessage", "")) if r.get("ErrorCode") else None
             for r in answer["Records"]
         ]
+
+
+def _encode(envelope: Envelope) -> tuple[Entry, int]:
+    data = envelope.to_bytes()
+    key = envelope.connection_id
+    # Kinesis counts the partition key's UTF-8 bytes with the data.
+    return Entry(Data=data, PartitionKey=key), len(data) + len(key.encode())
 
 
 def factory() -> KinesisSink:

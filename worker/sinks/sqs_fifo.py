@@ -18,20 +18,19 @@ from functools import partial
 from typing import Any, Protocol, TypedDict
 
 from worker.delivery import Delivery
+from worker.sinks import set_aside
 from worker.sinks.batch_rules import SQS_LIMITS, deduplication_id
 from worker.sinks.clients import make_client, make_executor
 from worker.sinks.sending import (
-    Record,
     Refusal,
+    SetAsideReport,
+    SinkSender,
     default_rng,
-    envelope_of,
-    prev_seqs,
-    record,
     run_blocking,
-    send_all,
     wall_ms,
 )
 from worker.sinks.settings import SinkSettings
+from wsfleet.envelope import Envelope
 
 _NOT_IN_SQS = ("\ufffe", "\uffff")
 """The only characters a JSON text may hold as themselves that an SQS message body
@@ -73,6 +72,7 @@ class SqsFifoSink:
         clock_ms: Callable[[], int] = wall_ms,
         rng: Callable[[], float] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        report: SetAsideReport = set_aside.report,
     ) -> None:
         """As :class:`~worker.sinks.kinesis.KinesisSink`."""
         self._client = client
@@ -80,34 +80,41 @@ class SqsFifoSink:
         self._executor = executor
         self._clock_ms = clock_ms
         self._rng = rng or default_rng()
-        self._sleep = sleep
+        self._sender: SinkSender[Entry] = SinkSender(
+            limits=SQS_LIMITS,
+            destination=settings.destination,
+            max_attempts=settings.max_attempts,
+            report=report,
+            rng=self._rng,
+            sleep=sleep,
+        )
 
     async def handle_batch(self, deliveries: Sequence[Delivery]) -> None:
-        received_at = self._clock_ms()
-        records: list[Record[Entry]] = []
-        numbered = enumerate(zip(deliveries, prev_seqs(deliveries), strict=True))
-        for number, (delivery, prev_seq) in numbered:
-            envelope = envelope_of(delivery, received_at, prev_seq)
+        token = f"{self._rng():.17f}"
+        requests = itertools.count(1)
+        entries = itertools.count()
+        names: dict[str, tuple[str, int, int]] = {}
+
+        def encode(envelope: Envelope) -> tuple[Entry, int]:
             body = envelope.to_bytes().decode()
             if any(c in body for c in _NOT_IN_SQS):
                 body = envelope.to_bytes(ascii_only=True).decode()
+            # Unique within any request of the call.
+            ident = str(next(entries))
+            names[ident] = envelope.key
             entry = Entry(
-                # Unique within any request: the position in the batch.
-                Id=str(number),
+                Id=ident,
                 MessageBody=body,
-                MessageGroupId=delivery.connection_id,
+                MessageGroupId=envelope.connection_id,
                 MessageDeduplicationId="",  # set per request
             )
-            records.append(record(SQS_LIMITS, delivery, entry, len(body.encode())))
-        token = f"{self._rng():.17f}"
-        requests = itertools.count(1)
+            return entry, len(body.encode())
 
         async def send(entries: list[Entry]) -> list[Refusal | None]:
             request = f"{token}.{next(requests)}"
             sent: list[Entry] = []
             for entry in entries:
-                d = deliveries[int(entry["Id"])]
-                ident = deduplication_id(d.connection_id, d.seq_gen, d.seq, request)
+                ident = deduplication_id(*names[entry["Id"]], request)
                 sent.append(
                     Entry(
                         Id=entry["Id"],
@@ -118,16 +125,7 @@ class SqsFifoSink:
                 )
             return await self._send(sent)
 
-        await send_all(
-            records,
-            send,
-            limits=SQS_LIMITS,
-            destination=self._settings.destination,
-            max_attempts=self._settings.max_attempts,
-            keep_order=True,
-            rng=self._rng,
-            sleep=self._sleep,
-        )
+        await self._sender.send_batch(deliveries, encode, send, self._clock_ms())
 
     async def _send(self, entries: list[Entry]) -> list[Refusal | None]:
         call = partial(
