@@ -715,7 +715,7 @@ class Deduper:
         conditional ``PutItem``. An effect made after it happens at most once."""
         validate(envelope)
         if not self._ordered:
-            return self._decide_unordered(envelope, partial(self._put_alone, envelope))
+            return self._decide_unordered(envelope, self._put_alone)
         return self._decide(envelope, partial(self._write_alone, envelope))
 
     def transact(self, envelope: Envelope, effects: Sequence[Mapping[str, Any]]) -> Outcome:
@@ -826,7 +826,7 @@ class Deduper:
             return _single_write_refused(error)
         return None
 
-    def _put_alone(self, envelope: Envelope, put: dict[str, Any]) -> _Refused | _Conflict | None:
+    def _put_alone(self, put: dict[str, Any]) -> _Refused | _Conflict | None:
         try:
             self._client.put_item(
                 TableName=self._table, ReturnValuesOnConditionCheckFailure="ALL_OLD", **put

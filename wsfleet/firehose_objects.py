@@ -20,10 +20,12 @@ A Lambda on ``s3:ObjectCreated:*`` events::
             data = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
             apply_object(data, deduper, effects_of)
 
-An error (DynamoDB's, an effect's) propagates, and Lambda runs the event again: what
-was applied before it is skipped then, so nothing is applied twice
-(:func:`apply_object`). A line that is no envelope is reported and passed over: it
-would fail every time, and must cost only itself.
+An error (DynamoDB's, an effect's, a timeout) propagates, and Lambda runs the event
+again: what was applied before it is skipped then, so nothing is applied twice
+(:func:`apply_object`). Lambda tries an asynchronous event three times in all, then
+drops it unless the function has an on-failure destination (or a dead-letter queue):
+give it one, or objects can go unread. A line that is no envelope is reported and
+passed over: it would fail every time, and must cost only itself.
 
 This module is for consumers, so it imports nothing of the worker.
 """
@@ -125,7 +127,8 @@ def apply_object(
     ``effects(envelope)``: each message's effects written **exactly once**, however
     many objects hold it and in whatever order they are read. ``deduper`` must be
     unordered (ValueError otherwise: the ordered rules lose messages read out of
-    order). An error propagates; the object may then be applied again whole."""
+    order). An error propagates; the object may then be applied again whole. gzip that
+    does not decompress raises :class:`EnvelopeError`: nothing in it can be read."""
     return _apply(data, deduper, on_bad_line, lambda e: deduper.transact(e, effects(e)).decision)
 
 

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from tests.unit.expressions import holds
 from wsfleet.deduper import (
     EXPIRES_AT,
-    MAX_NUMBER,
     PARTITION_KEY,
     RETENTION_SECONDS,
     Decision,
@@ -27,7 +26,7 @@ from wsfleet.deduper import (
     message_outcome,
     message_put,
 )
-from wsfleet.envelope import Envelope
+from wsfleet.envelope import MAX_NUMBER, Envelope
 from wsfleet.schema import is_valid_connection_id
 
 NOW = 1_767_225_600_000
