@@ -3,7 +3,8 @@ Kinesis stream of envelopes, its dedup table, its output table and where records
 that could not be handled.
 
 Synth only copies files (``handler.py`` and the ``wsfleet`` package, which the function
-imports; boto3 comes from the runtime): no Docker, no bundling, no network.
+imports; boto3 comes from the runtime, Powertools from its public layer): no Docker, no
+bundling, no network.
 """
 
 from __future__ import annotations
@@ -22,14 +23,21 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_event_sources as sources
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 import wsfleet
+from websocket_fleet.sources import pinned_version
 from wsfleet import deduper
 
 HERE: Final = Path(__file__).resolve().parent
 HANDLER: Final = "handler.handler"
 RUNTIME: Final = lambda_.Runtime.PYTHON_3_14
+ARCHITECTURE: Final = lambda_.Architecture.ARM_64
+# The layer's variant must match the function's runtime and architecture.
+POWERTOOLS_PARAMETER: Final = (
+    f"/aws/service/powertools/python/{ARCHITECTURE.name}/{RUNTIME.name}/{{version}}"
+)
 _LEFT_OUT: Final = ("__pycache__", "*.pyc")
 
 
@@ -58,6 +66,11 @@ class KinesisConsumer(Construct):
     records show in the function's log as a gap on the next message of their
     connection. ``bisect_batch_on_error`` splits a batch whose invocation failed as a
     whole (a timeout), so one slow record does not fail its neighbours' retries.
+
+    The handler's batch processing is Powertools', from the public Powertools layer
+    of ``powertools_version`` (the fleet's pin of aws-lambda-powertools unless given),
+    whose ARN is read from AWS's public SSM parameter when the stack deploys (a
+    CloudFormation parameter), not looked up at synth.
     """
 
     def __init__(
@@ -71,8 +84,10 @@ class KinesisConsumer(Construct):
         max_record_age: Duration | None = None,
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
         removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
+        powertools_version: str | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
+        version = powertools_version or pinned_version("aws-lambda-powertools")
         self.dedup_table = dynamodb.Table(
             self,
             "Dedup",
@@ -124,13 +139,17 @@ class KinesisConsumer(Construct):
         # put, the tally's update. Nothing is read.
         self.dedup_table.grant(self.role, "dynamodb:UpdateItem")
         self.output_table.grant(self.role, "dynamodb:PutItem", "dynamodb:UpdateItem")
+        layer_arn = ssm.StringParameter.value_for_string_parameter(
+            self, POWERTOOLS_PARAMETER.format(version=version)
+        )
         self.function = lambda_.Function(
             self,
             "Function",
             runtime=RUNTIME,
-            architecture=lambda_.Architecture.ARM_64,
+            architecture=ARCHITECTURE,
             handler=HANDLER,
             code=function_code(),
+            layers=[lambda_.LayerVersion.from_layer_version_arn(self, "Powertools", layer_arn)],
             environment={
                 "DEDUP_TABLE": self.dedup_table.table_name,
                 "OUTPUT_TABLE": self.output_table.table_name,

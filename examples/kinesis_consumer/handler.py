@@ -19,19 +19,20 @@ before it, writes nothing either (counted as early), and both are written in seq
 when they follow. A seq that comes after a higher one otherwise (a gap in the stream,
 or an envelope without ``prev_seq``) is written when it comes, counted as late.
 
-Failures follow Lambda's partial batch response: a record that fails (throttling, a
-timeout, an item DynamoDB refuses) is reported as the batch's only failure and
-nothing after it is tried, so Lambda gives it and every later record of the shard
-again, in order. Going on past it would be wrong: a later seq of the same connection
-is held back as early with no copy to follow (it names the failed one as its
-``prev_seq``), or, without one, applied first, leaving the failed one to come back
+Failures follow Lambda's partial batch response, made by Powertools' batch utility
+(:class:`InShardOrder`, a ``BatchProcessor``): after a record fails (throttling, a
+timeout, an item DynamoDB refuses) nothing after it is tried, and it and every later
+record are reported failed, so Lambda gives them again, in order, from the lowest
+sequence number reported. Going on past it would be wrong: a later seq of the same
+connection is held back as early with no copy to follow (it names the failed one as
+its ``prev_seq``), or, without one, applied first, leaving the failed one to come back
 late, or to be taken for a copy once more than the deduper's horizon (500 seqs) went
-by. A record that is
-no envelope is logged with its sequence number and passed over: it would fail every
-time, and must not hold the shard up.
+by. A record that is no envelope is logged with its sequence number and counts as
+processed (passed over): it would fail every time, and must not hold the shard up.
 
 The Lambda runs this file as the module ``handler`` next to a copy of ``wsfleet``
-(``construct.py`` stages the two), with ``DEDUP_TABLE`` and ``OUTPUT_TABLE`` set.
+(``construct.py`` stages the two, and adds the public Powertools layer), with
+``DEDUP_TABLE`` and ``OUTPUT_TABLE`` set.
 """
 
 from __future__ import annotations
@@ -42,12 +43,24 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from typing import TYPE_CHECKING, Any, Final
 
 import boto3
+from aws_lambda_powertools.utilities.batch import (
+    BatchProcessor,
+    EventType,
+    ExceptionInfo,
+    FailureResponse,
+    SuccessResponse,
+    process_partial_response,
+)
+from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
+from aws_lambda_powertools.utilities.data_classes.kinesis_stream_event import (
+    KinesisStreamRecord,
+)
 from botocore.config import Config
 
 from wsfleet.deduper import Decision, Deduper
@@ -89,6 +102,40 @@ class BatchTally:
     """Seqs jumped over by those gaps (applied if they come later)."""
 
 
+class NotTriedError(Exception):
+    """Reported for a record after the batch's first failure: it was not tried."""
+
+
+class InShardOrder(BatchProcessor):
+    """Kinesis partial batch responses for records that must be applied in shard order:
+    after the first record that fails, the later ones are not tried, and are reported
+    failed with it (``SqsFifoPartialProcessor`` does the same for FIFO queues)."""
+
+    _NOT_TRIED: Final[ExceptionInfo] = (
+        NotTriedError,
+        NotTriedError("a record before it in the batch failed"),
+        None,
+    )
+
+    def __init__(self) -> None:
+        # A batch whose every record failed (its first did) is answered like any other:
+        # raised, it would fail the invocation, which Lambda retries (and bisects) as a
+        # whole instead of from the failed record.
+        super().__init__(EventType.KinesisDataStreams, raise_on_entire_batch_failure=False)
+
+    def _process_record(self, record: dict[str, Any]) -> SuccessResponse | FailureResponse:
+        if self.fail_messages:
+            # Reported failed, not tried: Lambda resumes the shard from the lowest
+            # sequence number reported, the first failure, so it and every later record
+            # come again in order. Tried now, a later seq of the same connection would
+            # be applied (or held back as early) ahead of the failed one.
+            return self.failure_handler(
+                record=self._to_batch_type(record, event_type=self.event_type),
+                exception=self._NOT_TRIED,
+            )
+        return super()._process_record(record)
+
+
 class KinesisConsumer:
     """One batch of Kinesis records at a time (:meth:`handle`); the clients and tables
     are passed in, so tests run it against DynamoDB Local."""
@@ -103,48 +150,20 @@ class KinesisConsumer:
         self._deduper = deduper
         self._output = output_table
         self._clock_ms = clock_ms
+        self._processor = InShardOrder()
 
-    def handle(self, event: Mapping[str, Any]) -> dict[str, list[dict[str, str]]]:
-        """The partial batch response: empty, or the sequence number of the first
-        record that failed."""
+    def handle(self, event: dict[str, Any]) -> PartialItemFailureResponse:
+        """The partial batch response: empty, or the sequence numbers of the first
+        record that failed and of every record after it."""
         tally = BatchTally()
-        failures: list[dict[str, str]] = []
-        for record in event.get("Records", []):
-            number = str(record["kinesis"]["sequenceNumber"])
-            try:
-                data = base64.b64decode(record["kinesis"]["data"], validate=True)
-                envelope = Envelope.from_bytes(data)
-                outcome = self._deduper.transact(envelope, self.effects(envelope, number))
-            except (EnvelopeError, binascii.Error) as error:
-                tally.malformed += 1
-                log.error("record %s is no envelope, passed over: %s", number, error)
-                continue
-            except Exception:
-                log.exception("record %s failed: it and every later record come again", number)
-                failures.append({"itemIdentifier": number})
-                break
-            if outcome.decision is Decision.APPLY:
-                tally.applied += 1
-                tally.late += outcome.late
-                if outcome.gap:
-                    tally.gaps += 1
-                    tally.jumped += outcome.gap
-                    log.warning(
-                        "%s: seq_gen %d seq %d jumped over %d seqs (record %s)",
-                        envelope.connection_id,
-                        envelope.seq_gen,
-                        envelope.seq,
-                        outcome.gap,
-                        number,
-                    )
-            elif outcome.decision is Decision.SKIP:
-                tally.skipped += 1
-            else:
-                tally.early += 1
+        response = process_partial_response(
+            event=event, record_handler=partial(self.apply, tally), processor=self._processor
+        )
+        failures = response["batchItemFailures"]
         log.info(
             "batch of %d: applied %d (late %d), skipped %d, early %d, "
             "malformed %d, gaps %d (%d seqs jumped over)%s",
-            len(event.get("Records", [])),
+            len(event["Records"]),
             tally.applied,
             tally.late,
             tally.skipped,
@@ -154,7 +173,42 @@ class KinesisConsumer:
             tally.jumped,
             f", failed at {failures[0]['itemIdentifier']}" if failures else "",
         )
-        return {"batchItemFailures": failures}
+        return response
+
+    def apply(self, tally: BatchTally, record: KinesisStreamRecord) -> None:
+        """One record, counted in ``tally``; raises when it failed."""
+        payload = record.kinesis
+        number = payload.sequence_number
+        try:
+            data = base64.b64decode(payload.data, validate=True)
+            envelope = Envelope.from_bytes(data)
+            outcome = self._deduper.transact(envelope, self.effects(envelope, number))
+        except (EnvelopeError, binascii.Error) as error:
+            # Returning counts it processed: it would fail on every try.
+            tally.malformed += 1
+            log.error("record %s is no envelope, passed over: %s", number, error)
+            return
+        except Exception:
+            log.exception("record %s failed: it and every later record come again", number)
+            raise
+        if outcome.decision is Decision.APPLY:
+            tally.applied += 1
+            tally.late += outcome.late
+            if outcome.gap:
+                tally.gaps += 1
+                tally.jumped += outcome.gap
+                log.warning(
+                    "%s: seq_gen %d seq %d jumped over %d seqs (record %s)",
+                    envelope.connection_id,
+                    envelope.seq_gen,
+                    envelope.seq,
+                    outcome.gap,
+                    number,
+                )
+        elif outcome.decision is Decision.SKIP:
+            tally.skipped += 1
+        else:
+            tally.early += 1
 
     def effects(self, envelope: Envelope, sequence_number: str) -> list[dict[str, Any]]:
         """The writes of one applied message: the message and its connection's tally."""
@@ -206,6 +260,6 @@ def consumer() -> KinesisConsumer:
     )
 
 
-def handler(event: Mapping[str, Any], context: object) -> dict[str, list[dict[str, str]]]:
+def handler(event: dict[str, Any], context: object) -> PartialItemFailureResponse:
     """The Lambda entry point (``handler.handler``)."""
     return consumer().handle(event)

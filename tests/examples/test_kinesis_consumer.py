@@ -334,9 +334,16 @@ def test_a_failing_record_is_reported_and_nothing_after_it_is_tried(ddb, tables,
     event = shard.event(
         [envelope("a", 1, 1), envelope("a", 1, 2), envelope("a", 1, 3), envelope("a", 1, 4)]
     )
-    third = numbers(event)[2]
-    assert consumer.handle(event) == {"batchItemFailures": [{"itemIdentifier": third}]}
+    third, fourth = numbers(event)[2:]
+    # both reported: Lambda resumes from the lowest, the one that failed
+    assert consumer.handle(event) == {
+        "batchItemFailures": [{"itemIdentifier": third}, {"itemIdentifier": fourth}]
+    }
     assert f"record {third} failed: it and every later record come again" in caplog.messages
+    # seq 4 was not tried: only the failed record logs a failure
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        f"record {third} failed: it and every later record come again"
+    ]
     assert summary(caplog).endswith(f"gaps 0 (0 seqs jumped over), failed at {third}")
     # Seq 4 was not applied ahead of 3: 3 would have become a copy, and been lost.
     assert sorted(messages(ddb, output, "a")) == [(0, 1), (0, 2)]
@@ -356,8 +363,43 @@ def test_an_item_dynamodb_refuses_fails_its_record(ddb, tables, consumer):
     event = shard.event(
         [envelope("a", 1, 1), envelope("a", 1, 2, payload="x" * 420_000), envelope("a", 1, 3)]
     )
-    assert consumer.handle(event) == {"batchItemFailures": [{"itemIdentifier": numbers(event)[1]}]}
+    assert consumer.handle(event) == {
+        "batchItemFailures": [{"itemIdentifier": n} for n in numbers(event)[1:]]
+    }
     assert sorted(messages(ddb, output, "a")) == [(0, 1)]
+
+
+def test_a_batch_whose_first_record_fails_is_answered_not_raised(ddb, tables, caplog):
+    """Every record reported failed is still a partial batch response: an error of the
+    whole invocation would be retried (and bisected) as a whole."""
+    caplog.set_level(logging.INFO, logger=consumer_module.__name__)
+    dedup, output = tables
+    client = FailingOn(ddb)
+    consumer = KinesisConsumer(Deduper(client, dedup), output, clock_ms=lambda: NOW)
+    event = Shard().event([envelope("a", 1, 3), envelope("a", 1, 4)])
+    first = numbers(event)[0]
+    assert consumer.handle(event) == {
+        "batchItemFailures": [{"itemIdentifier": n} for n in numbers(event)]
+    }
+    assert summary(caplog) == (
+        "batch of 2: applied 0 (late 0), skipped 0, early 0, malformed 0, "
+        f"gaps 0 (0 seqs jumped over), failed at {first}"
+    )
+    assert messages(ddb, output, "a") == {}
+
+
+def test_each_batch_is_reported_on_its_own(ddb, tables, caplog):
+    """The processor is kept across invocations: a failure does not carry over."""
+    dedup, output = tables
+    client = FailingOn(ddb)
+    consumer = KinesisConsumer(Deduper(client, dedup), output, clock_ms=lambda: NOW)
+    shard = Shard()
+    failed = shard.event([envelope("a", 1, 1), envelope("a", 1, 2), envelope("a", 1, 3)])
+    assert consumer.handle(failed)["batchItemFailures"] == [{"itemIdentifier": numbers(failed)[2]}]
+    client.failing = False
+    assert consumer.handle({"Records": failed["Records"][2:]}) == {"batchItemFailures": []}
+    assert consumer.handle(shard.event([envelope("a", 1, 4)])) == {"batchItemFailures": []}
+    assert sorted(messages(ddb, output, "a")) == [(0, s) for s in range(1, 5)]
 
 
 def test_the_lambda_entry_point_reads_its_tables_from_the_environment(
@@ -379,8 +421,12 @@ def test_the_lambda_entry_point_reads_its_tables_from_the_environment(
     assert sorted(messages(ddb, output, "a")) == [(0, 1)]
 
 
-def test_the_function_imports_nothing_but_wsfleet_and_what_the_runtime_has(tmp_path):
-    """What the asset holds (handler.py and wsfleet/), alone on the path, as in Lambda."""
+def test_the_function_imports_nothing_but_wsfleet_and_what_the_runtime_and_layer_have(
+    tmp_path,
+):
+    """What the asset holds (handler.py and wsfleet/), alone on the path, as in Lambda,
+    with what the runtime (boto3) and the Powertools layer (Powertools and its
+    dependencies) provide."""
     shutil.copy2(EXAMPLE / "handler.py", tmp_path / "handler.py")
     shutil.copytree(
         Path(__file__).resolve().parents[2] / "wsfleet",
@@ -388,8 +434,9 @@ def test_the_function_imports_nothing_but_wsfleet_and_what_the_runtime_has(tmp_p
         ignore=shutil.ignore_patterns("__pycache__"),
     )
     probe = (
-        "import sys; sys.path.insert(0, '.'); import handler, json; "
-        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+        "import sys, json; sys.path.insert(0, '.'); before = set(sys.modules); "
+        "import handler; "
+        "print(json.dumps(sorted({m.split('.')[0] for m in set(sys.modules) - before})))"
     )
     done = subprocess.run(
         [sys.executable, "-I", "-c", probe],
@@ -400,6 +447,11 @@ def test_the_function_imports_nothing_but_wsfleet_and_what_the_runtime_has(tmp_p
     )
     assert done.returncode == 0, done.stderr
     loaded = set(json.loads(done.stdout))
-    assert {"handler", "wsfleet", "boto3", "botocore"} <= loaded
-    project = {"examples", "tests", "worker", "local_stack", "websocket_fleet", "fleetctl"}
-    assert not loaded & (project | {"aws_cdk", "sim", "lambdas", "stacks"})
+    assert {"handler", "wsfleet", "boto3", "botocore", "aws_lambda_powertools"} <= loaded
+    # certifi: botocore takes it where it is installed, and its own bundle where not
+    runtime = {"boto3", "botocore", "s3transfer", "jmespath", "dateutil", "urllib3", "six"}
+    layer = {"aws_lambda_powertools", "typing_extensions"}
+    # __mp_main__: the name multiprocessing gives __main__ when imported
+    others = loaded - set(sys.stdlib_module_names) - {"handler", "wsfleet", "__mp_main__"}
+    # nothing of this project's other packages (worker, websocket_fleet, ...), no CDK
+    assert others <= runtime | layer | {"certifi"}

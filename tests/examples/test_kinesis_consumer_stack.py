@@ -1,6 +1,7 @@
 """The example consumer's CDK construct (examples/kinesis_consumer/construct.py) in a
 stack of its own with a Kinesis stream, synthesized offline under cdk-nag's
-AwsSolutions checks: its tables, its event source, its role and its asset."""
+AwsSolutions checks: its tables, its event source, its role, its asset and its
+Powertools layer."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from cdk_nag import AwsSolutionsChecks
 from examples.kinesis_consumer.construct import KinesisConsumer
 from tests.stacks.cfn import arn, grants, of_type, only, role_permissions
 from tests.stacks.conftest import cdk_json_context
+from websocket_fleet.sources import pinned_version
 
 STACK = "KinesisConsumerExample"
 
@@ -39,17 +41,18 @@ def build(outdir: Path) -> tuple[cdk.App, cdk.Stack]:
 
 @pytest.fixture(scope="module")
 def synthesized(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
-    """The template's resources and the cloud assembly's directory. The synth itself
-    raises on an unacknowledged cdk-nag finding."""
+    """The template and the cloud assembly's directory. The synth itself raises on an
+    unacknowledged cdk-nag finding."""
     outdir = tmp_path_factory.mktemp("cdk.out")
     app, _ = build(outdir)
     template = app.synth().get_stack_by_name(STACK).template
-    return template["Resources"], outdir
+    return template, outdir
 
 
 @pytest.fixture(scope="module")
 def resources(synthesized: tuple[dict[str, Any], Path]) -> dict[str, Any]:
-    return synthesized[0]
+    resources: dict[str, Any] = synthesized[0]["Resources"]
+    return resources
 
 
 def test_cdk_nag_is_applied_and_a_finding_fails_the_synth(tmp_path: Path) -> None:
@@ -113,6 +116,29 @@ def test_the_function_runs_the_handler_with_both_tables(resources) -> None:
     }
     assert function["LoggingConfig"]["LogFormat"] == "JSON"
     assert function["LoggingConfig"]["ApplicationLogLevel"] == "INFO"
+
+
+def test_powertools_comes_from_its_public_layer_of_the_pinned_version(synthesized) -> None:
+    """Resolved when the stack deploys, for the function's runtime and architecture."""
+    template, _ = synthesized
+    _, function = only(template["Resources"], "AWS::Lambda::Function")
+    assert (function["Runtime"], function["Architectures"]) == ("python3.14", ["arm64"])
+    (layer,) = function["Layers"]
+    parameter = template["Parameters"][layer["Ref"]]
+    assert parameter["Type"] == "AWS::SSM::Parameter::Value<String>"
+    version = pinned_version("aws-lambda-powertools")
+    assert parameter["Default"] == f"/aws/service/powertools/python/arm64/python3.14/{version}"
+
+
+def test_the_powertools_version_can_be_chosen(tmp_path: Path) -> None:
+    app = cdk.App(context=cdk_json_context(), outdir=str(tmp_path))
+    stack = cdk.Stack(app, STACK)
+    stream = kinesis.Stream(stack, "Envelopes", encryption=kinesis.StreamEncryption.MANAGED)
+    KinesisConsumer(stack, "Consumer", stream=stream, powertools_version="latest")
+    parameters = app.synth().get_stack_by_name(STACK).template["Parameters"]
+    assert "/aws/service/powertools/python/arm64/python3.14/latest" in [
+        p.get("Default") for p in parameters.values()
+    ]
 
 
 def test_the_stream_is_read_in_order_with_partial_failures_bisection_and_a_destination(
