@@ -19,11 +19,19 @@ from __future__ import annotations
 
 import enum
 import errno
+import re
 import socket
 import ssl
 from dataclasses import dataclass
+from typing import Final
 
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.exceptions import (
+    ConnectionClosed,
+    InvalidHandshake,
+    InvalidMessage,
+    InvalidStatus,
+    InvalidURI,
+)
 
 from worker.credentials import SecretError
 from worker.upstream_protocol import OpenFrameError
@@ -32,10 +40,27 @@ RETRYABLE_4XX = frozenset((408, 429))
 """Request Timeout and Too Many Requests: the upstream may answer otherwise later."""
 
 
+_HTTP_1_0_STATUS: Final = re.compile(r"expected HTTP/1\.1: HTTP/1\.0 ([1-5][0-9]{2})\b")
+"""How websockets says it read an HTTP/1.0 status line (the cause of its
+``InvalidMessage``): a plain server's refusal, read for its status code."""
+
+
+def http_status(error: BaseException | None) -> int | None:
+    """The status code the upstream answered the handshake with, in HTTP/1.1 or 1.0;
+    None when it did not answer one."""
+    if isinstance(error, InvalidStatus):
+        return error.response.status_code
+    if isinstance(error, InvalidMessage) and isinstance(error.__cause__, ValueError):
+        found = _HTTP_1_0_STATUS.search(str(error.__cause__))
+        if found:
+            return int(found.group(1))
+    return None
+
+
 def permanent_refusal(error: BaseException | None) -> str | None:
     """The reason to park at once, or None when ``error`` may pass by itself."""
-    if isinstance(error, InvalidStatus):
-        status = error.response.status_code
+    status = http_status(error)
+    if status is not None:
         if 400 <= status < 500 and status not in RETRYABLE_4XX:
             return f"HTTP {status} from upstream"
         return None
@@ -54,8 +79,9 @@ def describe(error: BaseException | None, *, delivered: bool = False) -> str:
         return "closed by upstream" if delivered else "closed before a message"
     if isinstance(error, (SecretError, OpenFrameError)):
         return str(error)  # written to be shown: a reason, never a secret's value
-    if isinstance(error, InvalidStatus):
-        return f"HTTP {error.response.status_code}"
+    status = http_status(error)
+    if status is not None:
+        return f"HTTP {status}"
     if isinstance(error, ConnectionClosed):
         if error.rcvd is None:
             return "connection lost"

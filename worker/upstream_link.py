@@ -22,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import InvalidMessage, InvalidStatus
 
 from worker.connection_settings import ConnectionSettings
 from worker.connection_state import ConnectionState
@@ -30,7 +30,7 @@ from worker.credentials import NO_CREDENTIALS, Credentials, SecretError
 from worker.direct_frames import DirectFrameConnection
 from worker.failing_mark import FailingMark
 from worker.patient_connection import PatientConnection
-from worker.upstream_failures import Verdict, describe
+from worker.upstream_failures import Verdict, describe, http_status
 from worker.upstream_health import UpstreamHealth
 from worker.upstream_protocol import UpstreamProtocol, open_frames, with_query
 from wsfleet import metric_names as m
@@ -159,8 +159,8 @@ class UpstreamLink:
         credentials = await self._credentials(reference)
         try:
             return await self._connect(url, credentials)
-        except InvalidStatus as refused:
-            status = refused.response.status_code
+        except (InvalidStatus, InvalidMessage) as refused:
+            status = http_status(refused)  # HTTP/1.1 or a plain server's 1.0
             if reference is None or self._s.secrets is None or status not in AUTH_REFUSALS:
                 raise
             log.warning(

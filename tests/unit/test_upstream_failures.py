@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import socket
 import ssl
 
 import pytest
+from websockets.asyncio.client import connect
 from websockets.datastructures import Headers
 from websockets.exceptions import (
     ConnectionClosedError,
@@ -161,3 +163,38 @@ def test_the_reason_names_the_configured_time(ms, text):
     assert clock.attempt_failed(None, T0 + ms).reason == (
         f"no message handled for {text} s: closed before a message"
     )
+
+
+async def refusal_of(status_line: bytes) -> BaseException:
+    """What the worker's websockets client raises against a real server on loopback
+    that answers the handshake with ``status_line``."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(status_line + b"\r\nContent-Type: text/plain\r\n\r\nno such feed\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with connect(f"ws://127.0.0.1:{port}/feed", open_timeout=5):
+            pass
+    except Exception as error:
+        return error
+    finally:
+        server.close()
+        await server.wait_closed()
+    raise AssertionError("the handshake passed")
+
+
+@pytest.mark.parametrize("version", [b"HTTP/1.0", b"HTTP/1.1"])
+async def test_a_refusal_answered_in_either_http_version_parks_at_once(version):
+    """A plain server's 404 in HTTP/1.0 was an invalid handshake to websockets, and
+    backed off until the failing clock ran out instead of parking."""
+    error = await refusal_of(version + b" 404 Not Found")
+    assert permanent_refusal(error) == "HTTP 404 from upstream"
+    assert describe(error) == "HTTP 404"
+    retryable = await refusal_of(version + b" 503 Service Unavailable")
+    assert permanent_refusal(retryable) is None
+    assert describe(retryable) == "HTTP 503"
