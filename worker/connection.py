@@ -103,7 +103,9 @@ class ConnectionRunner:
         """Set with the ``PARKED`` ending: what the park write records."""
         self._protocol_error: str | None = None
         try:
-            self.protocol = protocol_for(lease.protocol, settings.protocol)
+            self.protocol = protocol_for(
+                lease.protocol, settings.protocol, settings.max_message_bytes
+            )
         except InvalidProtocolError as error:
             self.protocol = settings.protocol
             self._protocol_error = str(error)

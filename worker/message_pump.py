@@ -245,6 +245,7 @@ class MessagePump:
         if isinstance(frame, Reply):
             await ws.send(frame.data)
             return
+        self._s.metrics.count(m.UNREADABLE_FRAMES, 1)
         log.warning(
             "unreadable upstream frame skipped",
             extra={"connection_id": self._lease.connection_id, "reason": frame.reason},

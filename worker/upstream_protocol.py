@@ -28,6 +28,7 @@ from typing import Any, Protocol, TypeGuard, runtime_checkable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from worker import json_decoding
+from worker.inflating import Inflater, Refused
 from worker.plugins import PluginError, load_factory
 from wsfleet import protocol_specs
 from wsfleet.protocol_specs import ProtocolSpec, render_template, resolve_pointer
@@ -248,22 +249,69 @@ def _is_seq(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def from_spec(spec: ProtocolSpec) -> UpstreamProtocol:
-    """A fresh instance of the built-in protocol ``spec`` names."""
+class InflatingProtocol:
+    """``protocol`` with every binary frame inflated (:class:`~worker.inflating.Inflater`)
+    before it reads it; a frame that does not inflate is unreadable."""
+
+    def __init__(self, protocol: UpstreamProtocol, inflater: Inflater) -> None:
+        self._protocol = protocol
+        self._inflate = inflater
+        self._read = reader(protocol)
+        self.resumable = is_resumable(protocol)
+
+    def resume_url(self, ws_url: str, last_seq: int) -> str:
+        return self._protocol.resume_url(ws_url, last_seq)
+
+    def open_frames(self, last_seq: int, secret: Mapping[str, Any]) -> list[str]:
+        return open_frames(self._protocol, last_seq, secret)
+
+    def read(self, data: str | bytes) -> Read:
+        if not isinstance(data, str):
+            inflated = self._inflate(bytes(data))
+            if isinstance(inflated, Refused):
+                return Unreadable(inflated.reason)
+            data = inflated
+        return self._read(data)
+
+    def decode(self, data: str | bytes) -> Frame:
+        frame = self.read(data)
+        return Message(*frame) if isinstance(frame, tuple) else frame
+
+
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
+"""What a frame may inflate to when the caller names no limit (the worker passes its
+``MAX_MESSAGE_BYTES``)."""
+
+
+def from_spec(
+    spec: ProtocolSpec, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+) -> UpstreamProtocol:
+    """A fresh instance of the built-in protocol ``spec`` names; with ``inflate``, its
+    binary frames inflated, to ``max_message_bytes`` at most."""
+    protocol: UpstreamProtocol
     if spec.name == protocol_specs.JSON_FIELD:
-        return JsonFieldProtocol(spec.options)
-    if spec.name == protocol_specs.LIVE:
-        return LiveProtocol(spec.subscribe)
-    return JsonSeqProtocol(spec.subscribe)
+        protocol = JsonFieldProtocol(spec.options)
+    elif spec.name == protocol_specs.LIVE:
+        protocol = LiveProtocol(spec.subscribe)
+    else:
+        protocol = JsonSeqProtocol(spec.subscribe)
+    mode = spec.options.get(protocol_specs.INFLATE)
+    if mode is None:
+        return protocol
+    return InflatingProtocol(protocol, Inflater(mode, max_message_bytes))
 
 
-def protocol_for(stored: str | None, default: UpstreamProtocol) -> UpstreamProtocol:
+def protocol_for(
+    stored: str | None,
+    default: UpstreamProtocol,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> UpstreamProtocol:
     """The protocol of a connection whose item stores ``stored`` (its spec, or None:
     ``default``, the worker's ``UPSTREAM_PROTOCOL``). Raises
     :class:`~wsfleet.protocol_specs.InvalidProtocolError` for a stored spec that does
     not validate."""
     spec = protocol_specs.spec_from_item(stored)
-    return default if spec is None else from_spec(spec)
+    return default if spec is None else from_spec(spec, max_message_bytes)
 
 
 def load_protocol(spec: str) -> UpstreamProtocol:

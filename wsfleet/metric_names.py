@@ -43,6 +43,10 @@ SINK_MESSAGES_SET_ASIDE: Final = "SinkMessagesSetAside"
 """Messages a built-in sink could never send (not JSON, over the service's limit,
 refused for good) and sent as a set-aside envelope in their place; published by the
 sink when it happens, not every period."""
+UNREADABLE_FRAMES: Final = "UnreadableFrames"
+"""Upstream frames that are no message of the connection's protocol (not JSON, no
+seq, a compressed frame that does not inflate or inflates past the limit): logged and
+skipped, each costing only itself."""
 MESSAGES_SKIPPED: Final = "MessagesSkipped"
 """Messages of handler calls that failed and were skipped (``HANDLER_ERRORS=skip``):
 lost by choice, counted so the loss shows."""
@@ -63,5 +67,6 @@ COUNTERS: Final = (
     MALFORMED_ITEMS,
     FOREIGN_SESSIONS,
     MESSAGES_SKIPPED,
+    UNREADABLE_FRAMES,
 )
 """Published every period, zeros included."""

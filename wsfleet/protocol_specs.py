@@ -20,6 +20,11 @@ The built-in protocols (docs/DESIGN.md §4.6):
 - ``live``: no sequence at all. Each message gets a local number; nothing resumes, and
   the time between two owners' deliveries is measured as a gap.
 
+Any protocol may take ``inflate`` (``"gzip"``, ``"zlib"``, ``"deflate"`` or ``"auto"``:
+gzip or zlib by their header, anything else as it came): each binary frame is
+inflated before it is read, to at most the worker's ``MAX_MESSAGE_BYTES`` (a frame
+that inflates past it is refused as unreadable, counted, and the stream goes on).
+
 Any protocol may send a ``subscribe`` frame right after the handshake: a JSON value
 in which a string that is exactly a placeholder is replaced when the frame is sent:
 ``${from_seq}`` and ``${last_seq}`` (numbers: the next seq and the checkpoint), and
@@ -44,6 +49,11 @@ RESUME_QUERY: Final = "query"
 RESUME_SUBSCRIBE: Final = "subscribe"
 RESUME_NONE: Final = "none"
 RESUME_MODES: Final = (RESUME_QUERY, RESUME_SUBSCRIBE, RESUME_NONE)
+
+INFLATE: Final = "inflate"
+INFLATE_MODES: Final = ("gzip", "zlib", "deflate", "auto")
+COMMON_OPTIONS: Final = frozenset({"subscribe", INFLATE})
+"""Options every built-in protocol takes."""
 
 MAX_SPEC_BYTES: Final = 4096
 """The stored spec (compact JSON) at most: it rides on the connection item."""
@@ -151,13 +161,23 @@ def _only(options: Mapping[str, Any], allowed: set[str], name: str) -> None:
         )
 
 
+def _check_common(options: Mapping[str, Any], name: str) -> None:
+    mode = options.get(INFLATE)
+    if mode is not None and mode not in INFLATE_MODES:
+        raise InvalidProtocolError(
+            f"{name} options: inflate must be one of {list(INFLATE_MODES)}, got {mode!r}"
+        )
+
+
 def _check_json_seq(options: Mapping[str, Any]) -> None:
-    _only(options, {"subscribe"}, JSON_SEQ)
+    _only(options, set(COMMON_OPTIONS), JSON_SEQ)
+    _check_common(options, JSON_SEQ)
     _check_template(options.get("subscribe"), seq_placeholders=True)
 
 
 def _check_json_field(options: Mapping[str, Any]) -> None:
-    _only(options, {"sequence", "payload", "resume", "resume_param", "subscribe"}, JSON_FIELD)
+    _only(options, {"sequence", "payload", "resume", "resume_param", *COMMON_OPTIONS}, JSON_FIELD)
+    _check_common(options, JSON_FIELD)
     if "sequence" not in options:
         raise InvalidProtocolError('json-field options: "sequence" (a JSON pointer) is required')
     check_pointer(options["sequence"], "sequence")
@@ -187,7 +207,8 @@ def _check_json_field(options: Mapping[str, Any]) -> None:
 
 
 def _check_live(options: Mapping[str, Any]) -> None:
-    _only(options, {"subscribe"}, LIVE)
+    _only(options, set(COMMON_OPTIONS), LIVE)
+    _check_common(options, LIVE)
     _check_template(options.get("subscribe"), seq_placeholders=False)
 
 

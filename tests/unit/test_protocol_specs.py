@@ -53,6 +53,9 @@ SUBSCRIBE = {
         ({"name": "json-field", "options": {"sequence": "/a~1b/c~0d", "resume": "none"}}, False),
         ({"name": "live"}, False),
         ({"name": "live", "options": {"subscribe": ["sub", "${secret:token}"]}}, False),
+        ({"name": "json-seq", "options": {"inflate": "gzip"}}, True),
+        ({"name": "json-field", "options": {"sequence": "/s", "inflate": "auto"}}, False),
+        ({"name": "live", "options": {"inflate": "deflate"}}, False),
     ],
 )
 def test_valid_specs(raw, resumable):
@@ -77,6 +80,10 @@ def test_valid_specs(raw, resumable):
             "json-seq options: unknown ['sequence']",
         ),
         ({"name": "json-field"}, '"sequence" (a JSON pointer) is required'),
+        (
+            {"name": "live", "options": {"inflate": "brotli"}},
+            "live options: inflate must be one of ['gzip', 'zlib', 'deflate', 'auto']",
+        ),
         ({"name": "json-field", "options": {"sequence": "seq"}}, "must be a JSON pointer"),
         ({"name": "json-field", "options": {"sequence": "/a~2"}}, "must be a JSON pointer"),
         ({"name": "json-field", "options": {"sequence": 3}}, "must be a JSON pointer"),

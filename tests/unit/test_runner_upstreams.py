@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gzip
 import json
 import logging
 import random
@@ -61,7 +62,7 @@ class Upstream:
     (numbered from the subscribe frame's ``from_seq``, or 1); closes each connection
     after ``close_after`` messages."""
 
-    message: Callable[[int], str] = lambda n: json.dumps({"seq": n})
+    message: Callable[[int], str | bytes] = lambda n: json.dumps({"seq": n})
     key: str | None = None
     subscribe: bool = False
     close_after: int | None = None
@@ -549,3 +550,54 @@ async def test_a_stream_that_cannot_resume_drops_repeats_inside_a_batch():
     handled = [seq for batch in handler.batches for seq in batch]
     assert handled[:60] == list(range(1, 61))
     assert any(len(batch) > 3 for batch in handler.batches)  # repeats fell inside batches
+
+
+def gzipped(n: int) -> bytes:
+    """A message as a gzip binary frame; the 5th a bomb (16 MiB of zeros, 16 KiB
+    compressed), the 8th not gzip at all."""
+    if n == 5:
+        return gzip.compress(b"0" * (16 << 20))
+    if n == 8:
+        return b"\x1f\x8bnot gzip"
+    return gzip.compress(json.dumps({"seq": n, "text": "x" * 500}).encode())
+
+
+async def test_gzip_frames_are_inflated_and_a_bomb_costs_only_itself():
+    """An upstream whose every message is a gzip binary frame: with ``inflate`` each
+    is read as its JSON; a frame that inflates past MAX_MESSAGE_BYTES, and one that is
+    not gzip, are refused, counted, and the stream goes on. Without ``inflate`` not
+    one message was delivered."""
+    upstream = Upstream(message=gzipped, close_after=10)
+    async with serving(upstream):
+        store, handler = FakeStore(), Recorder()
+        metrics = new_metrics()
+        protocol = {"name": "json-field", "options": {"sequence": "/seq", "inflate": "gzip"}}
+        runner = runner_for(
+            store,
+            handler,
+            upstream.url,
+            protocol=protocol,
+            metrics=metrics,
+            max_message_bytes=1 << 20,
+        )
+        task = run(runner)
+        await wait_for(lambda: len(handler.finished) >= 8, 10)
+        runner.stop()
+        await asyncio.wait_for(task, 5)
+    assert handler.finished[:8] == [1, 2, 3, 4, 6, 7, 9, 10]
+    assert handler.deliveries[0].payload == {"seq": 1, "text": "x" * 500}
+    assert metrics.snapshot()[m.UNREADABLE_FRAMES] == 2
+
+
+async def test_without_inflate_a_gzip_stream_delivers_nothing_and_counts_every_frame():
+    upstream = Upstream(message=gzipped, close_after=4)
+    async with serving(upstream):
+        store, handler = FakeStore(), Recorder()
+        metrics = new_metrics()
+        protocol = {"name": "json-field", "options": {"sequence": "/seq"}}
+        runner = runner_for(store, handler, upstream.url, protocol=protocol, metrics=metrics)
+        task = run(runner)
+        await wait_for(lambda: metrics.snapshot()[m.UNREADABLE_FRAMES] >= 4, 10)
+        runner.stop()
+        await asyncio.wait_for(task, 5)
+    assert handler.finished == []
