@@ -43,6 +43,7 @@ from worker.delivery import Delivery, batch_call, make_delivery
 from worker.failing_mark import FailingMark
 from worker.handler_calls import DeadlineReachedError, HandlerCalls
 from worker.upstream_protocol import (
+    Heard,
     Message,
     Reply,
     Unreadable,
@@ -240,10 +241,13 @@ class MessagePump:
             if leave:
                 return
 
-    async def _not_a_message(self, ws: ClientConnection, frame: Reply | Unreadable) -> None:
-        """Answer an application-level ping; log and skip an unreadable frame."""
+    async def _not_a_message(self, ws: ClientConnection, frame: Reply | Unreadable | Heard) -> None:
+        """Answer an application-level ping; log and skip an unreadable frame; a
+        control frame the protocol took needs nothing."""
         if isinstance(frame, Reply):
             await ws.send(frame.data)
+            return
+        if isinstance(frame, Heard):
             return
         self._s.metrics.count(m.UNREADABLE_FRAMES, 1)
         log.warning(

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import InvalidMessage, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus
 
 from worker.connection_settings import ConnectionSettings
 from worker.connection_state import ConnectionState
@@ -32,7 +32,7 @@ from worker.failing_mark import FailingMark
 from worker.patient_connection import PatientConnection
 from worker.upstream_failures import Verdict, describe, http_status
 from worker.upstream_health import UpstreamHealth
-from worker.upstream_protocol import UpstreamProtocol, open_frames, with_query
+from worker.upstream_protocol import UpstreamProtocol, open_frames, run_attached, with_query
 from wsfleet import metric_names as m
 from wsfleet.backoff import backoff_delays
 from wsfleet.checkpoint_page import BACKING_OFF, CONNECTING, STREAMING
@@ -106,7 +106,14 @@ class UpstreamLink:
                             "from_seq": self._state.checkpoint + 1,
                         },
                     )
-                    left_because = await consume(ws)
+                    link = _Link(ws, self._state, s.wall_ms, connection_id)
+                    hook = asyncio.create_task(_attached(self._protocol, link))
+                    try:
+                        left_because = await consume(ws)
+                    finally:
+                        hook.cancel()
+                        await asyncio.gather(hook, return_exceptions=True)
+                    left_because = left_because or link.recycled
             except Exception as error:
                 failure = error
                 log.warning(
@@ -212,6 +219,55 @@ class UpstreamLink:
             logger=None if credentials is NO_CREDENTIALS else _handshake_log,
         )
         return ws, frames
+
+
+class _Link:
+    """The :class:`~worker.upstream_protocol.LinkPort` of one open upstream connection."""
+
+    def __init__(
+        self,
+        ws: ClientConnection,
+        state: ConnectionState,
+        wall_ms: Callable[[], int],
+        connection_id: str,
+    ) -> None:
+        self._ws = ws
+        self._state = state
+        self._loop = asyncio.get_running_loop()
+        self.wall_ms = wall_ms
+        self.connection_id = connection_id
+        self.recycled: str | None = None
+        """Why the hook left the connection, if it did."""
+
+    def now(self) -> float:
+        return self._loop.time()
+
+    async def send(self, data: str) -> bool:
+        if not self._state.may_handle(self._loop.time()):
+            return False  # past the fence: a superseded owner sends nothing
+        await self._ws.send(data)
+        return True
+
+    async def recycle(self, reason: str) -> None:
+        self.recycled = reason
+        log.warning(
+            "leaving the upstream connection",
+            extra={"connection_id": self.connection_id, "reason": reason},
+        )
+        await self._ws.close(1000, reason[:100])
+
+
+async def _attached(protocol: UpstreamProtocol, link: _Link) -> None:
+    """The protocol's hook for this connection; its failure is logged, and costs the
+    hook only (the stream goes on)."""
+    try:
+        await run_attached(protocol, link)
+    except (ConnectionClosed, asyncio.CancelledError):
+        raise
+    except Exception:
+        log.exception(
+            "the protocol's attached hook failed", extra={"connection_id": link.connection_id}
+        )
 
 
 def _failure_fields(error: Exception, *, with_secret: bool) -> dict[str, str]:

@@ -21,6 +21,7 @@ The runner calls, for every connection attempt and in this order:
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from typing import Any, Protocol, TypeGuard, runtime_checkable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from worker import json_decoding
+from worker.app_rules import AppRules, Control, Due, KeepaliveClock, keepalive_frame
 from worker.inflating import Inflater, Refused
 from worker.plugins import PluginError, load_factory
 from wsfleet import protocol_specs
@@ -54,9 +56,15 @@ class Unreadable:
     reason: str
 
 
-Frame = Message | Reply | Unreadable
+@dataclass(frozen=True, slots=True)
+class Heard:
+    """A control frame the protocol took (the pong to its keepalive): nothing to hand
+    on, nothing to answer."""
 
-Read = tuple[int, Any] | Message | Reply | Unreadable
+
+Frame = Message | Reply | Unreadable | Heard
+
+Read = tuple[int, Any] | Message | Reply | Unreadable | Heard
 """What the runner takes from a protocol: :meth:`JsonSeqProtocol.read` gives a message
 as ``(seq, payload)``, a plug-in's ``decode`` as a :class:`Message`."""
 
@@ -70,6 +78,37 @@ class UpstreamProtocol(Protocol):
     def decode(self, data: str | bytes) -> Frame:
         """Classify one received frame. Must not raise."""
         ...
+
+
+class LinkPort(Protocol):
+    """What a protocol's optional ``attached(link)`` hook may do with one open upstream
+    connection: it runs as a task of its own from just after the subscribe frames
+    until the connection ends, and is cancelled then."""
+
+    def now(self) -> float:
+        """The loop's clock, in seconds."""
+        ...
+
+    def wall_ms(self) -> int:
+        """The wall clock, epoch milliseconds."""
+        ...
+
+    async def send(self, data: str) -> bool:
+        """Send a frame, only while the runner holds its fence (a superseded owner
+        sends nothing); False when it was not sent."""
+        ...
+
+    async def recycle(self, reason: str) -> None:
+        """Leave this upstream connection (the runner connects again, resuming from
+        the checkpoint); ``reason`` shows as the attempt's end."""
+        ...
+
+
+async def run_attached(protocol: UpstreamProtocol, link: LinkPort) -> None:
+    """The protocol's ``attached`` hook, when it has one."""
+    hook = getattr(protocol, "attached", None)
+    if hook is not None:
+        await hook(link)
 
 
 class OpenFrameError(ValueError):
@@ -265,6 +304,9 @@ class InflatingProtocol:
     def open_frames(self, last_seq: int, secret: Mapping[str, Any]) -> list[str]:
         return open_frames(self._protocol, last_seq, secret)
 
+    async def attached(self, link: LinkPort) -> None:
+        await run_attached(self._protocol, link)
+
     def read(self, data: str | bytes) -> Read:
         if not isinstance(data, str):
             inflated = self._inflate(bytes(data))
@@ -276,6 +318,74 @@ class InflatingProtocol:
     def decode(self, data: str | bytes) -> Frame:
         frame = self.read(data)
         return Message(*frame) if isinstance(frame, tuple) else frame
+
+
+class RulesProtocol:
+    """``protocol`` with the spec's application-level rules: frames an ``answers``
+    rule matches are answered (not messages), the pong to a keepalive is taken, and,
+    while a connection is open, keepalive frames go out on time and one unanswered
+    past its timeout recycles the connection (:mod:`worker.app_rules`)."""
+
+    def __init__(self, protocol: UpstreamProtocol, options: Mapping[str, Any]) -> None:
+        self._protocol = protocol
+        self._read = reader(protocol)
+        self._rules = AppRules.from_options(options)
+        self._keepalive: Mapping[str, Any] | None = options.get(protocol_specs.KEEPALIVE)
+        self._clock: KeepaliveClock | None = None
+        self._link: LinkPort | None = None
+        self.resumable = is_resumable(protocol)
+
+    def resume_url(self, ws_url: str, last_seq: int) -> str:
+        return self._protocol.resume_url(ws_url, last_seq)
+
+    def open_frames(self, last_seq: int, secret: Mapping[str, Any]) -> list[str]:
+        return open_frames(self._protocol, last_seq, secret)
+
+    def read(self, data: str | bytes) -> Read:
+        rules, link = self._rules, self._link
+        if rules is not None:
+            wall_ms = link.wall_ms() if link is not None else 0
+            control = rules.classify(data, wall_ms)
+            if isinstance(control, str):
+                if self._clock is not None and link is not None:
+                    self._clock.sent(link.now())  # the pump sends it right away
+                return Reply(control)
+            if control is Control.PONG:
+                if self._clock is not None:
+                    self._clock.pong()
+                return Heard()
+        return self._read(data)
+
+    def decode(self, data: str | bytes) -> Frame:
+        frame = self.read(data)
+        return Message(*frame) if isinstance(frame, tuple) else frame
+
+    async def attached(self, link: LinkPort) -> None:
+        self._link = link
+        inner = asyncio.create_task(run_attached(self._protocol, link))
+        try:
+            if self._keepalive is not None:
+                await self._keep_alive(link, self._keepalive)
+            await inner
+        finally:
+            inner.cancel()
+            self._link = None
+            self._clock = None
+
+    async def _keep_alive(self, link: LinkPort, keepalive: Mapping[str, Any]) -> None:
+        clock = self._clock = KeepaliveClock.from_options(keepalive, link.now())
+        while True:
+            await asyncio.sleep(max(0.0, clock.next_check() - link.now()))
+            now = link.now()
+            due = clock.due(now)
+            if due is Due.RECYCLE:
+                await link.recycle("keepalive not answered")
+                return
+            if due is Due.SEND:
+                if await link.send(keepalive_frame(keepalive, link.wall_ms())):
+                    clock.keepalive_sent(now)
+                else:
+                    clock.sent(now)  # fenced: try again an interval later, not at once
 
 
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
@@ -295,9 +405,13 @@ def from_spec(
         protocol = LiveProtocol(spec.subscribe)
     else:
         protocol = JsonSeqProtocol(spec.subscribe)
-    mode = spec.options.get(protocol_specs.INFLATE)
+    options = spec.options
+    if protocol_specs.KEEPALIVE in options or protocol_specs.ANSWERS in options:
+        protocol = RulesProtocol(protocol, options)
+    mode = options.get(protocol_specs.INFLATE)
     if mode is None:
         return protocol
+    # Outermost: the rules and the protocol read the inflated frame.
     return InflatingProtocol(protocol, Inflater(mode, max_message_bytes))
 
 

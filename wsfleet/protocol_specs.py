@@ -52,7 +52,9 @@ RESUME_MODES: Final = (RESUME_QUERY, RESUME_SUBSCRIBE, RESUME_NONE)
 
 INFLATE: Final = "inflate"
 INFLATE_MODES: Final = ("gzip", "zlib", "deflate", "auto")
-COMMON_OPTIONS: Final = frozenset({"subscribe", INFLATE})
+KEEPALIVE: Final = "keepalive"
+ANSWERS: Final = "answers"
+COMMON_OPTIONS: Final = frozenset({"subscribe", INFLATE, KEEPALIVE, ANSWERS})
 """Options every built-in protocol takes."""
 
 MAX_SPEC_BYTES: Final = 4096
@@ -63,6 +65,13 @@ MAX_PARAM_CHARS: Final = 64
 FROM_SEQ: Final = "${from_seq}"
 LAST_SEQ: Final = "${last_seq}"
 _SECRET_FIELD = re.compile(r"^\$\{secret:([A-Za-z0-9_.-]{1,64})\}$")
+NOW_MS: Final = "${now_ms}"
+"""In a keepalive frame: the worker's wall clock, epoch milliseconds (a number)."""
+_FRAME_VALUE = re.compile(r"^\$\{frame:(/[^}]*)\}$")
+"""In an answer's reply: the value at that JSON pointer of the frame answered."""
+MAX_ANSWERS: Final = 8
+MIN_KEEPALIVE_SECONDS: Final = 0.1
+MAX_KEEPALIVE_SECONDS: Final = 3600.0
 _PLACEHOLDER = re.compile(r"^\$\{[^}]*\}$")
 _PARAM = re.compile(r"^[A-Za-z0-9_.~-]+$")
 
@@ -167,6 +176,100 @@ def _check_common(options: Mapping[str, Any], name: str) -> None:
         raise InvalidProtocolError(
             f"{name} options: inflate must be one of {list(INFLATE_MODES)}, got {mode!r}"
         )
+    if KEEPALIVE in options:
+        check_keepalive(options[KEEPALIVE], f"{name} options: keepalive")
+    if ANSWERS in options:
+        check_answers(options[ANSWERS], f"{name} options: answers")
+
+
+def check_match(match: Any, what: str) -> None:
+    """A frame matcher: ``{"text": "<exact text frame>"}``, or ``{"pointer": "/p"}`` (a
+    JSON frame with a value there) with an optional ``"equals"`` (that value, a
+    string, number, boolean or null)."""
+    if not isinstance(match, dict):
+        raise InvalidProtocolError(f"{what} must be an object with text or pointer")
+    if set(match) == {"text"}:
+        if not isinstance(match["text"], str) or not match["text"]:
+            raise InvalidProtocolError(f"{what}: text must be a non-empty string")
+        return
+    if "pointer" not in match or set(match) - {"pointer", "equals"}:
+        raise InvalidProtocolError(
+            f'{what} must be {{"text": ...}} or {{"pointer": ..., "equals"?: ...}}, '
+            f"got keys {sorted(match)}"
+        )
+    check_pointer(match["pointer"], f"{what}: pointer")
+    if "equals" in match and isinstance(match["equals"], (dict, list)):
+        raise InvalidProtocolError(f"{what}: equals must be a string, number, boolean or null")
+
+
+def _seconds(value: Any, what: str) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not MIN_KEEPALIVE_SECONDS <= value <= MAX_KEEPALIVE_SECONDS
+    ):
+        raise InvalidProtocolError(
+            f"{what} must be a number of seconds from {MIN_KEEPALIVE_SECONDS:g} to "
+            f"{MAX_KEEPALIVE_SECONDS:g}, got {value!r}"
+        )
+
+
+def check_keepalive(keepalive: Any, what: str) -> None:
+    """``{"frame": <template>, "idle_seconds"?, "every_seconds"?, "pong"?: <match>,
+    "timeout_seconds"?}``: send ``frame`` once nothing was sent for ``idle_seconds``,
+    and/or every ``every_seconds``; with ``pong``, a keepalive not answered by a frame
+    it matches within ``timeout_seconds`` (default: the interval) recycles the
+    connection."""
+    if not isinstance(keepalive, dict):
+        raise InvalidProtocolError(f"{what} must be an object")
+    allowed = {"frame", "idle_seconds", "every_seconds", "pong", "timeout_seconds"}
+    unknown = set(keepalive) - allowed
+    if unknown:
+        raise InvalidProtocolError(
+            f"{what}: unknown {sorted(unknown)} (allowed: {sorted(allowed)})"
+        )
+    if "frame" not in keepalive:
+        raise InvalidProtocolError(f"{what}: frame (the text or JSON value to send) is required")
+    if "idle_seconds" not in keepalive and "every_seconds" not in keepalive:
+        raise InvalidProtocolError(f"{what}: idle_seconds or every_seconds is required")
+    for key in ("idle_seconds", "every_seconds", "timeout_seconds"):
+        if key in keepalive:
+            _seconds(keepalive[key], f"{what}: {key}")
+    if "timeout_seconds" in keepalive and "pong" not in keepalive:
+        raise InvalidProtocolError(f"{what}: timeout_seconds goes with pong")
+    if "pong" in keepalive:
+        check_match(keepalive["pong"], f"{what}: pong")
+    _check_frame_template(keepalive["frame"], f"{what}: frame", allowed=(NOW_MS,))
+
+
+def check_answers(answers: Any, what: str) -> None:
+    """``[{"match": <match>, "reply": <template>}, ...]``: a frame a rule matches is
+    not a message; it is answered with ``reply``, in which ``${frame:<pointer>}`` is the
+    value at that pointer of the frame answered."""
+    if not isinstance(answers, list) or not 1 <= len(answers) <= MAX_ANSWERS:
+        raise InvalidProtocolError(f"{what} must be a list of 1 to {MAX_ANSWERS} rules")
+    for number, rule in enumerate(answers):
+        where = f"{what}[{number}]"
+        if not isinstance(rule, dict) or set(rule) != {"match", "reply"}:
+            raise InvalidProtocolError(f'{where} must be {{"match": ..., "reply": ...}}')
+        check_match(rule["match"], f"{where}: match")
+        _check_frame_template(rule["reply"], f"{where}: reply", allowed=(NOW_MS,), frame=True)
+
+
+def _check_frame_template(
+    template: Any, what: str, *, allowed: tuple[str, ...], frame: bool = False
+) -> None:
+    """A frame to send: a string is sent as that text, any other JSON value as JSON;
+    whole-string placeholders only from ``allowed`` (and ``${frame:<pointer>}``)."""
+    for text in _strings(template):
+        if not _PLACEHOLDER.match(text) or text in allowed:
+            continue
+        found = _FRAME_VALUE.match(text)
+        if frame and found:
+            check_pointer(found.group(1), f"{what}: {text}")
+            continue
+        known = [*allowed, *(["${frame:<pointer>}"] if frame else [])]
+        raise InvalidProtocolError(f"{what}: unknown placeholder {text!r} (known: {known})")
 
 
 def _check_json_seq(options: Mapping[str, Any]) -> None:
@@ -296,6 +399,34 @@ def render_template(template: Any, *, last_seq: int, secret: Mapping[str, Any]) 
             if name not in secret:
                 raise KeyError(f"secret field {name!r}")
             return secret[name]
+    return template
+
+
+def render_frame(template: Any, *, now_ms: int, frame: Any | None) -> str:
+    """A keepalive or an answer as the text sent: a string template is sent as that
+    text, any other JSON value as compact JSON; ``${now_ms}`` is the wall clock and
+    ``${frame:<pointer>}`` the value there in ``frame`` (the frame answered; null when
+    it has none)."""
+    value = _fill(template, now_ms, frame)
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _fill(template: Any, now_ms: int, frame: Any | None) -> Any:
+    if isinstance(template, dict):
+        return {k: _fill(v, now_ms, frame) for k, v in template.items()}
+    if isinstance(template, list):
+        return [_fill(v, now_ms, frame) for v in template]
+    if isinstance(template, str):
+        if template == NOW_MS:
+            return now_ms
+        found = _FRAME_VALUE.match(template)
+        if found:
+            try:
+                return resolve_pointer(frame, found.group(1))
+            except LookupError:
+                return None
     return template
 
 
