@@ -2,8 +2,10 @@
 closes the socket when the client breaks its rule, and counts it.
 
 - ``client_silence``: close (4000) when the client sent no frame for that long;
-- ``ping_every``: send ``{"ping": <ms>}`` that often, and close (4001) once two are
-  unanswered (the answer: ``{"pong": <the same ms>}``);
+- ``ping_every``: send a ping that often (``ping(stamp)``: ``{"ping": <ms>}`` by
+  default) and close (4001) once ``unanswered_limit`` (2) are unanswered; the answer
+  is a frame from which ``pong_stamp`` reads the same stamp (``{"pong": <ms>}`` by
+  default);
 - ``answer_client_pings``: answer a client's ``{"op": "ping"}`` with ``{"op": "pong"}``
   (``answers_left``: that many times, then never again, keeping the socket open);
 - ``gzip``: every message as a gzip binary frame (pings too).
@@ -19,8 +21,9 @@ import contextlib
 import gzip
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import ServerConnection, serve
@@ -35,6 +38,11 @@ class RuleUpstream:
     answer_client_pings: bool = False
     answers_left: int | None = None
     gzip: bool = False
+    ping: Callable[[int], Any] = lambda stamp: {"ping": stamp}
+    pong_stamp: Callable[[Any], Any] = lambda doc: (
+        doc.get("pong") if isinstance(doc, dict) else None
+    )
+    unanswered_limit: int = 2
     url: str = ""
     connections: int = 0
     closes: list[str] = field(default_factory=list)
@@ -62,8 +70,9 @@ class RuleUpstream:
                 self.client_frames.append(text)
                 with contextlib.suppress(ValueError):
                     doc = json.loads(text)
-                    if isinstance(doc, dict) and "pong" in doc and doc["pong"] in unanswered:
-                        unanswered.remove(doc["pong"])
+                    stamp = self.pong_stamp(doc)
+                    if stamp is not None and stamp in unanswered:
+                        unanswered.remove(stamp)
                         self.pongs_received += 1
                     left = self.answers_left
                     if self.answer_client_pings and doc == {"op": "ping"} and left != 0:
@@ -80,14 +89,14 @@ class RuleUpstream:
                     self.closes.append("client silent")
                     await ws.close(4000, "no frame from the client")
                     break
-                if len(unanswered) >= 2:
+                if len(unanswered) >= self.unanswered_limit:
                     self.closes.append("pings unanswered")
                     await ws.close(4001, "pings unanswered")
                     break
                 if self.ping_every is not None and now >= next_ping:
                     stamp = int(now * 1000)
                     unanswered.append(stamp)
-                    await ws.send(self._frame({"ping": stamp}))
+                    await ws.send(self._frame(self.ping(stamp)))
                     next_ping = now + self.ping_every
                 if now >= next_message:
                     await ws.send(self._frame({"seq": seq}))

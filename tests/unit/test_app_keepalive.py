@@ -102,6 +102,81 @@ async def test_a_keepalive_left_unanswered_recycles_the_connection_and_nothing_i
     assert_in_order_from_one(handler)  # resumed from the checkpoint: nothing lost
 
 
+JSON_RPC_HEARTBEAT = {
+    "ping_every": 0.25,
+    "ping": lambda stamp: {
+        "jsonrpc": "2.0",
+        "method": "heartbeat",
+        "params": {"type": "test_request", "id": stamp},
+    },
+    "pong_stamp": lambda doc: (
+        doc.get("params", {}).get("id")
+        if isinstance(doc, dict) and doc.get("method") == "public/test"
+        else None
+    ),
+}
+"""A JSON-RPC feed whose heartbeats send test_requests that must be answered with a
+call (``public/test``) echoing their id, or the socket is closed."""
+ANSWER_TEST_REQUESTS = {
+    "answers": [
+        {
+            "match": {"pointer": "/params/type", "equals": "test_request"},
+            "reply": {
+                "jsonrpc": "2.0",
+                "method": "public/test",
+                "params": {"id": "${frame:/params/id}"},
+            },
+        }
+    ]
+}
+
+
+async def test_a_json_rpc_feeds_test_requests_are_answered_with_a_call():
+    upstream = RuleUpstream(**JSON_RPC_HEARTBEAT)  # type: ignore[arg-type]
+    handler = await held_for(upstream, {"name": "json-seq", "options": ANSWER_TEST_REQUESTS}, 2.5)
+    assert upstream.closes == []
+    assert upstream.pongs_received >= 6
+    assert_in_order_from_one(handler)
+    unanswered = RuleUpstream(**JSON_RPC_HEARTBEAT)  # type: ignore[arg-type]
+    await held_for(unanswered, {"name": "json-seq"}, 1.5)
+    assert "pings unanswered" in unanswered.closes
+
+
+MEDIA_KEEPALIVE = {
+    "ping_every": 0.3,
+    "unanswered_limit": 1,
+    "ping": lambda stamp: {"event": "keep-alive-request", "nonce": stamp},
+    "pong_stamp": lambda doc: (
+        doc.get("nonce")
+        if isinstance(doc, dict) and doc.get("event") == "keep-alive-response"
+        else None
+    ),
+}
+"""A media feed that sends a keep-alive request and terminates the socket if the
+previous one got no response by the next."""
+ANSWER_KEEPALIVE_REQUESTS = {
+    "answers": [
+        {
+            "match": {"pointer": "/event", "equals": "keep-alive-request"},
+            "reply": {"event": "keep-alive-response", "nonce": "${frame:/nonce}"},
+        }
+    ]
+}
+
+
+async def test_a_media_feeds_keep_alive_requests_are_answered():
+    upstream = RuleUpstream(**MEDIA_KEEPALIVE)  # type: ignore[arg-type]
+    handler = await held_for(
+        upstream, {"name": "json-seq", "options": ANSWER_KEEPALIVE_REQUESTS}, 2.5
+    )
+    assert upstream.closes == []
+    assert upstream.pongs_received >= 5
+    assert_in_order_from_one(handler)
+    unanswered = RuleUpstream(**MEDIA_KEEPALIVE)  # type: ignore[arg-type]
+    await held_for(unanswered, {"name": "json-seq"}, 1.5)
+    assert "pings unanswered" in unanswered.closes
+
+
 # --- the pure parts -------------------------------------------------------------------------
 
 
