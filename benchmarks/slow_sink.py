@@ -1,15 +1,24 @@
-"""Slow sink: one worker's memory while its batch handler takes half of what the feeds
-offer.
+"""Slow sink: one worker's memory while its sink takes half of what the feeds offer.
 
-``python -m benchmarks.slow_sink [--minutes 17] [--warmup-minutes 7] [--connections 200]
-[--rate 20] [--set NAME=VALUE ...]`` (``--set``: a worker setting of the run, e.g.
-``MAX_BATCH_MESSAGES=100``)
+``python -m benchmarks.slow_sink [--handler kinesis] [--minutes 17] [--warmup-minutes 7]
+[--connections 200] [--rate 20] [--message-bytes 2048] [--set NAME=VALUE ...]``
+(``--set``: a worker setting of the run, e.g. ``MAX_BATCH_MESSAGES=100``)
 
 The embedded stack (DynamoDB Local, moto, demo feed processes) and one worker at the
 shipped defaults, running ``--connections`` demo feed connections (json-seq,
-resumable) at ``--rate`` messages/s each, with the batch handler
-:mod:`benchmarks.throttled_sink`: a token bucket over the whole worker that takes at
-most half of the offered messages per second, and records each batch it handled.
+resumable) at ``--rate`` messages/s each, frames of ``--message-bytes`` (the feed's
+``pad``; 0: its small messages), with a sink that takes at most half of the offered
+messages per second over the whole worker:
+
+- ``--handler kinesis`` (the default): the real Kinesis sink
+  (``HANDLER=worker.sinks.kinesis:factory``) writing to the fault endpoint
+  (:mod:`benchmarks.faulty_aws`), which throttles the stream to that rate, refusing
+  the records beyond it as Kinesis does, and takes the rest itself (``absorb``: moto
+  could not store that many), noting each record it took. So the memory measured is
+  the worker's with its real sink: envelopes, requests and the sink's sending again of
+  throttled records;
+- ``--handler throttled``: :mod:`benchmarks.throttled_sink`, a token bucket in the
+  handler itself that records each batch it handled (no requests at all).
 
 A handler slower than its feeds must slow the reading of each connection (websockets
 stops reading a socket once ``max_queue`` frames wait, and TCP pushes back on the
@@ -21,23 +30,25 @@ feed) rather than buffer without bound. So, once every connection is open:
   of its own has published by then: ``rate`` a second from the connection's first
   upstream connect) minus the last seq handled, in messages and in seconds;
 - then, the worker stopped (graceful: final checkpoints), the seqs lost (never handled
-  although a later one was; must be 0) and handled twice;
+  although a later one was; must be 0) and handled twice (with the Kinesis sink, the
+  copies it sends again after a throttle: a consumer's deduper drops them);
 - the upstream reconnects and why, and the fence pauses, from the worker's log.
 
-Reading the RSS: the buffers take minutes to fill. Each lagging connection ends up
+Reading the RSS: the buffers take a while to fill. Each lagging connection ends up
 holding its socket's read that crossed websockets' ``max_queue`` as parsed frames and
 a batch of decoded messages in the handler's call; at 10 messages/s of backlog per
-connection that took about 6.5 minutes here, hence the 7-minute warm-up, after which
-10 minutes are measured. The RSS then rises in rare steps: it is the allocator's
-high-water mark of a heap whose size swings as connections pause and resume together,
-not a heap that grows (``--trace-memory`` shows the live heap smaller at the end than
-after the warm-up). A pong waiting behind unread frames is not a lost pong: the
-worker's keepalive judges the wait only while the reading runs
-(``worker.patient_connection``), so no connection is dropped for lagging.
+connection that took about 6.5 minutes here with the throttled handler and the feed's
+small messages, hence the 7-minute warm-up, after which 10 minutes are measured (with
+the Kinesis sink and 2 KB frames the RSS levelled within about a minute). The RSS then
+rises in rare steps: it is the allocator's high-water mark of a heap whose size swings
+as connections pause and resume together, not a heap that grows (``--trace-memory``
+shows the live heap smaller at the end than after the warm-up). A pong waiting behind
+unread frames is not a lost pong: the worker's keepalive judges the wait only while the
+reading runs (``worker.patient_connection``), so no connection is dropped for lagging.
 
-``--trace-memory`` (a diagnostic: tracemalloc slows the worker and adds to its RSS)
-runs the worker with tracemalloc on and reports where its Python heap grew between
-the end of the warm-up and the end, by allocating line.
+``--trace-memory`` (a diagnostic, with ``--handler throttled``: tracemalloc slows the
+worker and adds to its RSS) runs the worker with tracemalloc on and reports where its
+Python heap grew between the end of the warm-up and the end, by allocating line.
 
 The readable report, then one JSON line with every figure.
 """
@@ -45,17 +56,20 @@ The readable report, then one JSON line with every figure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Protocol
 
 from benchmarks import throttled_sink
+from benchmarks.faulty_aws import Faults, FaultyAws, Item, kinesis_data
 from benchmarks.procfs import CpuSample, rss_bytes
 from benchmarks.profiles import ours
 from benchmarks.report import emit, machine, summary, table
@@ -65,21 +79,93 @@ from local_stack.server_group import LocalServers
 from local_stack.stop_requests import sigterm_as_interrupt
 from local_stack.workers import WorkerProcess, parse_log_time
 from worker import config as worker_settings
+from wsfleet.envelope import Envelope, EnvelopeError
 
 HANDLER = "benchmarks.throttled_sink:factory"
+KINESIS_HANDLER: Final = "worker.sinks.kinesis:factory"
+HANDLERS: Final = ("kinesis", "throttled")
+STREAM: Final = "slow-sink"
 STATS_INTERVAL_S = 5
+BURST_S: Final = 1.0
+"""Seconds of the throttle rate the endpoint's bucket holds."""
+
+
+class Handled(Protocol):
+    """What the sink took so far."""
+
+    def seqs(self) -> dict[str, list[int]]:
+        """Connection id -> every seq taken, in the order taken."""
+        ...
+
+    def count(self) -> int: ...
+
+
+class RecordedBatches:
+    """The batches :mod:`benchmarks.throttled_sink` recorded under ``record_dir``."""
+
+    def __init__(self, record_dir: Path) -> None:
+        self.record_dir = record_dir
+
+    def seqs(self) -> dict[str, list[int]]:
+        return handled_seqs(self.record_dir)
+
+    def count(self) -> int:
+        return sum(len(b.seqs) for b in throttled_sink.read_records(self.record_dir))
+
+
+class LandedRecords:
+    """The Kinesis records the fault endpoint took (its ``landed``; thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seqs: dict[str, list[int]] = {}
+        self._count = 0
+        self.not_envelopes = 0
+
+    def __call__(self, service: str, destination: str, items: Sequence[Item]) -> None:
+        taken: list[tuple[str, int]] = []
+        bad = 0
+        for item in items:
+            try:
+                envelope = Envelope.from_bytes(kinesis_data(item))
+            except EnvelopeError:
+                bad += 1
+                continue
+            taken.append((envelope.connection_id, envelope.seq))
+        with self._lock:
+            for cid, seq in taken:
+                self._seqs.setdefault(cid, []).append(seq)
+            self._count += len(taken)
+            self.not_envelopes += bad
+
+    def seqs(self) -> dict[str, list[int]]:
+        with self._lock:
+            return {cid: list(seqs) for cid, seqs in self._seqs.items()}
+
+    def count(self) -> int:
+        with self._lock:
+            return self._count
 
 
 def start_connections(
-    stack: LocalServers, deployment: Deployment, ids: list[str], rate: float, per_second: float
+    stack: LocalServers,
+    deployment: Deployment,
+    ids: list[str],
+    rate: float,
+    per_second: float,
+    message_bytes: int = 0,
 ) -> None:
-    """Start ``ids`` at ``per_second``, alternating feed processes."""
+    """Start ``ids`` at ``per_second``, alternating feed processes; frames of
+    ``message_bytes`` (0: the feed's small messages)."""
     began = time.monotonic()
+    params: dict[str, object] = {"rate": rate}
+    if message_bytes:
+        params["pad"] = message_bytes
     for index, cid in enumerate(ids):
         pause = began + index / per_second - time.monotonic()
         if pause > 0:
             time.sleep(pause)
-        deployment.start_connection(cid, stack.feed_url(cid, {"rate": rate}, index=index))
+        deployment.start_connection(cid, stack.feed_url(cid, params, index=index))
 
 
 def first_connects(worker: WorkerProcess) -> dict[str, float]:
@@ -156,7 +242,7 @@ def log_counts(worker: WorkerProcess) -> dict[str, Any]:
 
 def sample_rss(
     worker: WorkerProcess,
-    record_dir: Path,
+    handled: Handled,
     minutes: float,
     every: float,
     at_warmup: tuple[float, Callable[[], None]] | None = None,
@@ -173,13 +259,12 @@ def sample_rss(
             time.sleep(pause)
         rss = rss_bytes(worker.pid)
         later = CpuSample.take(worker.pid)
-        handled = sum(len(b.seqs) for b in throttled_sink.read_records(record_dir))
         minute = round(n * every / 60, 2)
         sample: dict[str, Any] = {
             "minute": minute,
             "rss_mib": round(rss / 2**20, 1),
             "cpu_percent": round(cpu.percent_until(later), 1) if n else None,
-            "handled": handled,
+            "handled": handled.count(),
             "upstream_failures": len(worker.logged("upstream connection failed")),
         }
         cpu = later
@@ -222,30 +307,54 @@ def rss_figures(samples: list[dict[str, Any]], warmup_minutes: float) -> dict[st
     }
 
 
+def sink_settings(accepted: float, record_dir: Path, endpoint: FaultyAws | None) -> dict[str, str]:
+    """The worker's handler settings: the Kinesis sink writing to ``endpoint``, or
+    (None) the throttled handler taking ``accepted`` messages/s."""
+    if endpoint is not None:
+        return {
+            worker_settings.HANDLER: KINESIS_HANDLER,
+            "SINK_STREAM_NAME": STREAM,
+            "AWS_ENDPOINT_URL_KINESIS": endpoint.endpoint,
+        }
+    return {
+        worker_settings.HANDLER: HANDLER,
+        throttled_sink.THROTTLE_MESSAGES_PER_SECOND: repr(accepted),
+        throttled_sink.THROTTLE_RECORD_DIR: str(record_dir),
+    }
+
+
 def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     offered = args.connections * args.rate
     accepted = offered / 2
-    with LocalServers(work_dir, feeds=args.feeds, feed_rate=args.rate) as stack:
+    with (
+        LocalServers(work_dir, feeds=args.feeds, feed_rate=args.rate) as stack,
+        contextlib.ExitStack() as exits,
+    ):
         deployment = stack.deployment("slow-sink")
         record_dir = deployment.work_dir / "handled"
+        endpoint: FaultyAws | None = None
+        handled: Handled = RecordedBatches(record_dir)
+        if args.handler == "kinesis":
+            landed = LandedRecords()
+            faults = Faults(throttle=accepted, burst=BURST_S, absorb=True)
+            endpoint = exits.enter_context(FaultyAws(stack.endpoints.sqs, faults, landed=landed))
+            handled = landed
         [worker] = deployment.start_workers(
             ["slow-sink"],
             {
                 **ours(None).env,
-                worker_settings.HANDLER: HANDLER,
+                **sink_settings(accepted, record_dir, endpoint),
                 worker_settings.MAX_CONNECTIONS: str(max(500, args.connections)),
                 worker_settings.METRICS_INTERVAL_SECONDS: str(STATS_INTERVAL_S),
                 # Only the shutdown differs: no flood of reassign messages at the end.
                 worker_settings.REASSIGN_ON_RELEASE: "false",
-                throttled_sink.THROTTLE_MESSAGES_PER_SECOND: repr(accepted),
-                throttled_sink.THROTTLE_RECORD_DIR: str(record_dir),
                 **({"PYTHONTRACEMALLOC": "1"} if args.trace_memory else {}),
                 **args.settings,
             },
         )
         base_rss = rss_bytes(worker.pid)
         ids = [f"slow-{i}" for i in range(args.connections)]
-        start_connections(stack, deployment, ids, args.rate, args.start_rate)
+        start_connections(stack, deployment, ids, args.rate, args.start_rate, args.message_bytes)
         wait_until(
             lambda: len(first_connects(worker)) >= args.connections,
             60 + args.connections / args.start_rate,
@@ -265,7 +374,7 @@ def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
         began = time.time()
         samples = sample_rss(
             worker,
-            record_dir,
+            handled,
             args.minutes,
             args.sample_every,
             (args.warmup_minutes, snapshot_at_warmup) if args.trace_memory else None,
@@ -274,18 +383,22 @@ def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
         if snapshots:
             snapshots.append(throttled_sink.request_snapshot(record_dir, "end"))
         first = first_connects(worker)
-        lag_rows = lags(first, handled_seqs(record_dir), ended, args.rate)
+        lag_rows = lags(first, handled.seqs(), ended, args.rate)
         counts = log_counts(worker)
         stop = deployment.stop_workers(timeout=120)
-        handled = handled_seqs(record_dir)
-    lost, duplicates, lossy = losses(handled)
-    total = sum(len(seqs) for seqs in handled.values())
+        taken = handled.seqs()
+        injected = endpoint.counts()["kinesis"] if endpoint is not None else None
+    lost, duplicates, lossy = losses(taken)
+    total = sum(len(seqs) for seqs in taken.values())
     lag_messages = [float(r["lag_messages"]) for r in lag_rows]
     lag_seconds = [float(r["lag_seconds"]) for r in lag_rows]
+    rss = rss_figures(samples, args.warmup_minutes)
     return {
         "benchmark": "slow_sink",
+        "handler": args.handler,
         "connections": args.connections,
         "rate_per_connection": args.rate,
+        "message_bytes": args.message_bytes,
         "offered_messages_per_s": offered,
         "handler_limit_messages_per_s": accepted,
         "minutes": args.minutes,
@@ -293,17 +406,30 @@ def run(args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
         "worker_settings": args.settings,
         "base_rss_mib": round(base_rss / 2**20, 1),
         "rss_samples": samples,
-        **rss_figures(samples, args.warmup_minutes),
+        **rss,
+        "rss_per_connection_kib": round(
+            (rss["rss_end_mib"] - base_rss / 2**20) * 1024 / args.connections, 1
+        ),
         "handled_messages_per_s": round(
             (samples[-1]["handled"] - samples[0]["handled"]) / (ended - began), 1
         ),
         "lag_messages": summary(lag_messages, 1),
         "lag_seconds": summary(lag_seconds, 2),
         "handled_total": total,
-        "connections_handled": len(handled),
+        "connections_handled": len(taken),
         "lost_seqs": lost,
         "connections_with_a_loss": lossy[:10],
         "duplicate_seqs": duplicates,
+        "endpoint": (
+            None
+            if injected is None
+            else {
+                "requests": injected.requests,
+                "records": injected.records,
+                "taken": injected.forwarded,
+                "throttled": injected.throttled,
+            }
+        ),
         "worker_stopped_cleanly": stop.clean,
         "heap": heap_growth(snapshots[0], snapshots[1]) if len(snapshots) == 2 else None,
         **counts,
@@ -323,7 +449,8 @@ def render(result: dict[str, Any]) -> str:
             f"RSS before any connection {result['base_rss_mib']} MiB; after the warm-up "
             f"({result['warmup_minutes']:g} min) {result['rss_after_warmup_mib']} MiB, at the "
             f"end {result['rss_end_mib']} MiB: {result['rss_growth_after_warmup_mib']:+g} MiB "
-            f"({result['rss_growth_after_warmup_percent']:+g}%); max {result['rss_max_mib']} MiB",
+            f"({result['rss_growth_after_warmup_percent']:+g}%); max {result['rss_max_mib']} MiB; "
+            f"{result['rss_per_connection_kib']:g} KiB per connection at the end",
             f"handled {result['handled_messages_per_s']} msg/s of "
             f"{result['offered_messages_per_s']:g} offered (handler limit "
             f"{result['handler_limit_messages_per_s']:g})",
@@ -333,6 +460,7 @@ def render(result: dict[str, Any]) -> str:
             f"lost seqs {result['lost_seqs']}, duplicate seqs {result['duplicate_seqs']} "
             f"({result['handled_total']} handled over {result['connections_handled']} "
             "connections)",
+            *endpoint_lines(result["endpoint"]),
             f"upstream connects {result['upstream_connects']}, failures "
             f"{result['upstream_failures']} {result['upstream_failure_kinds']}; fence pauses "
             f"{result['fence_pauses']}, calls cut at the fence "
@@ -340,6 +468,16 @@ def render(result: dict[str, Any]) -> str:
             *heap_lines(result["heap"]),
         ]
     )
+
+
+def endpoint_lines(endpoint: dict[str, Any] | None) -> list[str]:
+    if endpoint is None:
+        return []
+    return [
+        f"the endpoint took {endpoint['taken']:,} of {endpoint['records']:,} records in "
+        f"{endpoint['requests']:,} requests, throttled {endpoint['throttled']:,} (each sent "
+        "again by the sink)"
+    ]
 
 
 def heap_lines(heap: dict[str, Any] | None) -> list[str]:
@@ -357,10 +495,22 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m benchmarks.slow_sink", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
+        "--handler",
+        choices=HANDLERS,
+        default="kinesis",
+        help="the Kinesis sink behind a throttling endpoint (default), or a throttled handler",
+    )
+    parser.add_argument(
         "--minutes", type=float, default=17.0, help="after all open, the warm-up included"
     )
     parser.add_argument("--connections", type=int, default=200)
     parser.add_argument("--rate", type=float, default=20.0, help="messages/s per connection")
+    parser.add_argument(
+        "--message-bytes",
+        type=int,
+        default=2048,
+        help="the feed's frames, in bytes (2048; 0: its small messages)",
+    )
     parser.add_argument("--feeds", type=int, default=2, help="feed processes")
     parser.add_argument("--start-rate", type=float, default=50.0, help="connection starts/s")
     parser.add_argument("--sample-every", type=float, default=30.0, help="seconds")
@@ -380,6 +530,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not (args.minutes > 0 and args.connections > 0 and args.rate > 0):
         parser.error("--minutes, --connections and --rate must be > 0")
+    if not 0 <= args.message_bytes <= 1 << 20:
+        parser.error("--message-bytes must be from 0 to 1048576")
+    if args.trace_memory and args.handler != "throttled":
+        parser.error("--trace-memory needs --handler throttled (it answers the snapshots)")
     pairs = [raw.partition("=") for raw in args.set]
     if any(not name or not sep for name, sep, _ in pairs):
         parser.error("--set takes NAME=VALUE")
@@ -398,8 +552,14 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted; every child process has been stopped", file=sys.stderr)
         return 130
     emit(
-        f"slow sink, one worker, {args.connections} connections at {args.rate:g} msg/s, "
-        f"a batch handler limited to half of that, {args.minutes:g} min"
+        f"slow sink, one worker, {args.connections} connections at {args.rate:g} msg/s of "
+        f"~{args.message_bytes} bytes, "
+        + (
+            "the Kinesis sink throttled to half of that"
+            if args.handler == "kinesis"
+            else "a batch handler limited to half of that"
+        )
+        + f", {args.minutes:g} min"
         + "".join(f", {name}={value}" for name, value in args.settings.items()),
         render(result),
         result,

@@ -19,7 +19,9 @@ Streams may also ask for what real upstreams do: a credential in the handshake
 ``--api-key``, ``--api-key-file`` (read at every handshake, so writing the file
 rotates it) or ``DEMO_FEED_API_KEY``; otherwise HTTP 401), a subscribe frame before
 anything is sent (``subscribe=1``), the sequence number in a field of another name
-(``seq_field``), or a live stream that cannot resume (``live=1``).
+(``seq_field``), or a live stream that cannot resume (``live=1``). ``pad=N`` makes each
+message a frame of about N bytes (a ``pad`` field of filler), for the sizes real feeds
+send.
 """
 
 from __future__ import annotations
@@ -70,6 +72,10 @@ KEY_HEADER = "X-Demo-Key"
 KEY_ENV = "DEMO_FEED_API_KEY"
 #: How long a ``subscribe=1`` stream waits for the client's subscribe frame.
 SUBSCRIBE_TIMEOUT_S = 10.0
+#: The largest frame ``pad`` may ask for: the worker's default message limit.
+MAX_PAD_BYTES = 1 << 20
+#: The field ``pad`` fills.
+PAD_FIELD = "pad"
 
 _FAULT_PARAMS = (
     "drop_after",
@@ -89,6 +95,7 @@ _KNOWN_PARAMS = frozenset(
         "subscribe",
         "seq_field",
         "live",
+        "pad",
         *_FAULT_PARAMS,
     )
 )
@@ -134,6 +141,8 @@ class FeedRequest:
     live: bool = False
     """A live stream: it starts at the current time's number (``now x rate``), not at
     ``from_seq``, so what was sent while a client was away is gone."""
+    pad: int | None = None
+    """Each message filled to a frame of this many bytes (:func:`message`)."""
 
 
 def _parse_int(name: str, raw: str, minimum: int) -> int:
@@ -183,6 +192,9 @@ def parse_request(path: str, default_rate: float) -> FeedRequest:
     - ``seq_field=NAME``: carry the number in ``NAME`` (``a.b`` nests) instead of ``seq``.
     - ``live=1``: start at the current time's number (``now x rate``, rate > 0),
       whatever ``from_seq`` says.
+    - ``pad=N`` (int 0..1 MiB): a ``pad`` field of filler in each message, so its frame
+      is N bytes (a message already that long gets none); ``seq_field`` must then
+      not be ``pad``.
 
     All fault counts are ints >= 0. Raises :class:`FeedRequestError` for an unknown,
     repeated or malformed parameter, so a typo never silently turns a fault off.
@@ -222,6 +234,7 @@ def parse_request(path: str, default_rate: float) -> FeedRequest:
         subscribe=_parse_flag(params, "subscribe"),
         seq_field=_parse_field(params.get("seq_field", "seq")),
         live=_parse_live(params, default_rate),
+        pad=_parse_pad(params),
     )
 
 
@@ -247,6 +260,17 @@ def _parse_live(params: dict[str, str], default_rate: float) -> bool:
     if live and rate <= 0:
         raise FeedRequestError("live needs a rate > 0")
     return live
+
+
+def _parse_pad(params: dict[str, str]) -> int | None:
+    if "pad" not in params:
+        return None
+    pad = _parse_int("pad", params["pad"], 0)
+    if pad > MAX_PAD_BYTES:
+        raise FeedRequestError(f"pad must be at most {MAX_PAD_BYTES}, got {params['pad']!r}")
+    if params.get("seq_field", "seq").split(".")[0] == PAD_FIELD:
+        raise FeedRequestError("seq_field must not be pad when pad is given")
+    return pad
 
 
 def _parse_status(raw: str) -> int:
@@ -307,9 +331,12 @@ def feed_value(feed: str, seq: int) -> int:
     return zlib.crc32(f"{feed}\n{seq}".encode())
 
 
-def message(feed: str, seq: int, now_ms: int, seq_field: str = "seq") -> str:
+def message(
+    feed: str, seq: int, now_ms: int, seq_field: str = "seq", pad: int | None = None
+) -> str:
     """The JSON text of message ``seq`` of ``feed``, stamped with ``now_ms``; the number
-    is in ``seq_field`` (dots nest)."""
+    is in ``seq_field`` (dots nest). ``pad``: the text filled to that many bytes with a
+    last field ``pad`` of ``x``s, when it is shorter than that with the field empty."""
     if seq_field == "seq":
         body: dict[str, Any] = {
             "seq": seq,
@@ -324,7 +351,14 @@ def message(feed: str, seq: int, now_ms: int, seq_field: str = "seq") -> str:
             holder = holder.setdefault(name, {})
         holder[last] = seq
         body.update(feed=feed, sent_at_ms=now_ms, value=feed_value(feed, seq))
-    return json.dumps(body, separators=(",", ":"))
+    text = json.dumps(body, separators=(",", ":"))
+    if pad is None:
+        return text
+    # The text is ASCII (json.dumps escapes the rest), so characters count as bytes.
+    filler = pad - len(text) - len(f',"{PAD_FIELD}":""')
+    if filler < 0:
+        return text
+    return f'{text[:-1]},"{PAD_FIELD}":"{"x" * filler}"}}'
 
 
 def oversize_frame() -> str:
@@ -424,7 +458,7 @@ async def _stream(ws: ServerConnection, request: FeedRequest) -> None:
             # send() does not yield while the write buffer has room; without this, one
             # fast client would starve every other connection and the shutdown.
             await asyncio.sleep(0)
-        await ws.send(message(request.feed, seq, now_ms(), request.seq_field))
+        await ws.send(message(request.feed, seq, now_ms(), request.seq_field, request.pad))
         sent += 1
         seq += 1
 

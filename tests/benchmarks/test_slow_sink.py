@@ -5,6 +5,7 @@ written left out), and lag, losses and duplicates are counted as documented."""
 from __future__ import annotations
 
 import asyncio
+import base64
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from benchmarks import slow_sink
 from benchmarks.throttled_sink import ThrottledSink, TokenBucket, read_records
 from worker.delivery import make_delivery
+from wsfleet.envelope import Envelope
 
 
 async def test_the_bucket_serves_calls_in_order_at_its_rate():
@@ -68,3 +70,47 @@ def test_lag_losses_and_duplicates():
         "lag_messages": 198,
         "lag_seconds": 9.85,
     }
+
+
+def kinesis_item(envelope: Envelope) -> dict[str, str]:
+    return {"Data": base64.b64encode(envelope.to_bytes()).decode(), "PartitionKey": "k"}
+
+
+def test_what_the_endpoint_took_is_read_back_per_connection_in_order() -> None:
+    landed = slow_sink.LandedRecords()
+    items = [kinesis_item(Envelope("c-1", 2, 0, seq, 0, {"seq": seq})) for seq in (1, 2, 3)]
+    landed("kinesis", "slow-sink", items[:2])
+    landed("kinesis", "slow-sink", [{"Data": base64.b64encode(b"no").decode()}, items[2]])
+    landed("kinesis", "slow-sink", [kinesis_item(Envelope("c-2", 1, 0, 1, 0, None)), items[1]])
+    assert landed.seqs() == {"c-1": [1, 2, 3, 2], "c-2": [1]}
+    assert (landed.count(), landed.not_envelopes) == (5, 1)
+    # A copy the sink sent again is a duplicate, not a loss.
+    assert slow_sink.losses(landed.seqs()) == (0, 1, [])
+
+
+def test_the_handler_settings_name_the_sink_and_where_it_writes(tmp_path: Path) -> None:
+    throttled = slow_sink.sink_settings(50.0, tmp_path, None)
+    assert throttled["HANDLER"] == slow_sink.HANDLER
+    assert throttled["THROTTLE_MESSAGES_PER_SECOND"] == "50.0"
+
+    class Endpoint:
+        endpoint = "http://127.0.0.1:9"
+
+    kinesis = slow_sink.sink_settings(50.0, tmp_path, Endpoint())  # type: ignore[arg-type]
+    assert kinesis == {
+        "HANDLER": "worker.sinks.kinesis:factory",
+        "SINK_STREAM_NAME": slow_sink.STREAM,
+        "AWS_ENDPOINT_URL_KINESIS": "http://127.0.0.1:9",
+    }
+    assert slow_sink.endpoint_lines(None) == []
+    [line] = slow_sink.endpoint_lines({"taken": 10, "records": 25, "requests": 4, "throttled": 15})
+    assert "throttled 15" in line
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--message-bytes", "-5"], ["--trace-memory"], ["--handler", "kafka"]],
+)
+def test_bad_options_are_refused(argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        slow_sink.main(argv)

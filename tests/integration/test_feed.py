@@ -315,6 +315,18 @@ async def test_seq_field_carries_the_number_in_another_field(feed: Feed) -> None
     assert first["value"] == feed_value("f", 3)
 
 
+async def test_pad_sends_frames_of_that_many_bytes_that_resume_alike(feed: Feed) -> None:
+    async with _client(feed.url("/p?pad=2048&count=3")) as ws:
+        frames = [await _recv(ws) for _ in range(3)]
+    async with _client(feed.url("/p?pad=2048&from_seq=2&count=3")) as ws:
+        resumed = json.loads(await _recv(ws))
+    assert [len(frame.encode()) for frame in frames] == [2048, 2048, 2048]
+    decoded = [json.loads(frame) for frame in frames]
+    assert [m["seq"] for m in decoded] == [1, 2, 3]
+    assert [m["value"] for m in decoded] == [feed_value("p", s) for s in (1, 2, 3)]
+    assert (resumed["seq"], resumed["value"]) == (2, decoded[1]["value"])
+
+
 async def test_a_live_stream_starts_at_the_current_times_number(feed: Feed) -> None:
     rate = 50.0
     async with _client(feed.url(f"/l?live=1&rate={rate}&from_seq=3")) as ws:

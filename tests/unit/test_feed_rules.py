@@ -7,6 +7,7 @@ import json
 import pytest
 
 from local_stack.feed import (
+    MAX_PAD_BYTES,
     OVERSIZE_BYTES,
     FeedRequest,
     FeedRequestError,
@@ -47,6 +48,13 @@ def test_defaults_come_from_the_path_and_the_server_rate() -> None:
         ("/feed-a?seq_field=n", FeedRequest(feed="feed-a", rate=5.0, seq_field="n")),
         ("/feed-a?seq_field=meta.n", FeedRequest(feed="feed-a", rate=5.0, seq_field="meta.n")),
         ("/feed-a?live=1&rate=2", FeedRequest(feed="feed-a", rate=2.0, live=True)),
+        ("/feed-a?pad=2048", FeedRequest(feed="feed-a", rate=5.0, pad=2048)),
+        ("/feed-a?pad=0", FeedRequest(feed="feed-a", rate=5.0, pad=0)),
+        (f"/feed-a?pad={MAX_PAD_BYTES}", FeedRequest(feed="feed-a", rate=5.0, pad=MAX_PAD_BYTES)),
+        (
+            "/feed-a?pad=100&seq_field=meta.n",
+            FeedRequest(feed="feed-a", rate=5.0, pad=100, seq_field="meta.n"),
+        ),
         (
             "/a%20b/c?from_seq=7&rate=1&count=9&gap_after=1&close_after=2",
             FeedRequest(feed="a b/c", from_seq=7, rate=1.0, count=9, gap_after=1, close_after=2),
@@ -90,6 +98,13 @@ def test_valid_queries(path: str, expected: FeedRequest) -> None:
         ("/feed-a?seq_field=value", "seq_field"),
         ("/feed-a?seq_field=feed.n", "seq_field"),
         ("/feed-a?live=1&rate=0", "live needs a rate > 0"),
+        ("/feed-a?pad=-1", "pad must be an integer >= 0"),
+        ("/feed-a?pad=2k", "pad must be an integer >= 0"),
+        ("/feed-a?pad=", "pad must be an integer >= 0"),
+        (f"/feed-a?pad={MAX_PAD_BYTES + 1}", "pad must be at most"),
+        ("/feed-a?pad=10&pad=20", "given twice"),
+        ("/feed-a?pad=100&seq_field=pad", "seq_field must not be pad"),
+        ("/feed-a?pad=100&seq_field=pad.n", "seq_field must not be pad"),
     ],
 )
 def test_invalid_queries(path: str, complaint: str) -> None:
@@ -126,6 +141,31 @@ def test_oversize_frame_is_exactly_two_mib() -> None:
     frame = oversize_frame()
     assert len(frame.encode()) == OVERSIZE_BYTES == 2 * 1024 * 1024
     assert "seq" not in json.loads(frame)
+
+
+@pytest.mark.parametrize("size", [200, 2048, 65_536])
+def test_pad_fills_the_frame_to_that_many_bytes(size: int) -> None:
+    text = message("feed-a", 7, now_ms=1_700_000_000_123, pad=size)
+    assert len(text.encode()) == size
+    decoded = json.loads(text)
+    filler = decoded.pop("pad")
+    assert filler == "x" * len(filler)
+    assert decoded == json.loads(message("feed-a", 7, now_ms=1_700_000_000_123))
+
+
+def test_pad_leaves_a_message_already_that_long_as_it_is() -> None:
+    plain = message("feed-a", 7, now_ms=5)
+    assert message("feed-a", 7, now_ms=5, pad=len(plain)) == plain
+    assert message("feed-a", 7, now_ms=5, pad=0) == plain
+    # The smallest padded frame: the field with no filler at all.
+    smallest = len(plain) + len(',"pad":""')
+    assert json.loads(message("feed-a", 7, now_ms=5, pad=smallest))["pad"] == ""
+
+
+def test_pad_keeps_the_number_where_seq_field_says() -> None:
+    decoded = json.loads(message("feed-a", 7, now_ms=5, seq_field="meta.n", pad=300))
+    assert decoded["meta"] == {"n": 7}
+    assert set(decoded) == {"meta", "feed", "sent_at_ms", "value", "pad"}
 
 
 @pytest.mark.parametrize(
