@@ -1,6 +1,10 @@
 """Serve the router's Lambda handler over plain HTTP on loopback, the way API Gateway
 would call it: each request becomes an HTTP API payload v2 event, and the handler's
-answer becomes the HTTP response. The very same handler runs in AWS."""
+answer becomes the HTTP response. The very same handler runs in AWS, with the same
+settings from the environment (``lambdas/router/settings.py``): ``TABLE_NAME``,
+``QUEUE_URL``, ``ALLOWED_UPSTREAM_HOSTS``, ``ALLOW_INSECURE_WS``,
+``ALLOWED_SECRET_PREFIX``, and ``UPSTREAM_PROTOCOLS``, the plug-in protocols the
+workers register, whose names a start may then give."""
 
 from __future__ import annotations
 

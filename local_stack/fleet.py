@@ -25,7 +25,7 @@ from botocore.config import Config
 
 from fleetctl.client import FleetClient
 from local_stack import services
-from local_stack.process_env import Endpoints, router_env, worker_env
+from local_stack.process_env import Endpoints, protocol_settings, router_env, worker_env
 from local_stack.recording import recording_settings
 from local_stack.resources import (
     DEFAULT_MAX_RECEIVE_COUNT,
@@ -48,6 +48,7 @@ from worker.config import timing_from_env
 from wsfleet import schema
 from wsfleet.item import ConnectionItem
 from wsfleet.item_io import get_connection
+from wsfleet.protocol_registry import UPSTREAM_PROTOCOLS
 from wsfleet.session_store import SessionStore
 from wsfleet.timing import LeaseTiming
 
@@ -111,13 +112,21 @@ class Deployment:
         worker_defaults: Mapping[str, str | None] | None = None,
         client_config: Config = CLIENT_CONFIG,
         worker_python: str = sys.executable,
+        upstream_protocols: Mapping[str, str] | None = None,
     ) -> None:
         self.endpoints = endpoints
         self.work_dir = work_dir
         self.table = table
         self.queue_name = queue
         self.health_dir = health_dir or work_dir
-        self.worker_defaults = dict(worker_defaults or {})
+        self.upstream_protocols = dict(upstream_protocols or {})
+        """The plug-in protocols registered (``UPSTREAM_PROTOCOLS``): the workers load
+        them, the router admits their names."""
+        registry = protocol_settings(self.upstream_protocols)
+        self.worker_defaults: dict[str, str | None] = {
+            UPSTREAM_PROTOCOLS: registry.get(UPSTREAM_PROTOCOLS),
+            **(worker_defaults or {}),
+        }
         """Worker variables every worker of this deployment gets (before its own)."""
         self.worker_python = worker_python
         """The interpreter the workers run on (a handler directory's virtualenv)."""
@@ -193,6 +202,7 @@ class Deployment:
             endpoints=self.endpoints,
             table=resources.table,
             queue_url=resources.queue_url,
+            upstream_protocols=self.upstream_protocols,
         )
         chosen = services.free_port() if port is None else port
         self.router = services.start_router(chosen, self.work_dir, env)

@@ -6,8 +6,8 @@ import argparse
 import errno
 import math
 import socket
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -17,6 +17,7 @@ from local_stack.sink import SINKS, Sink
 from websocket_fleet.errors import FleetOptionsError
 from websocket_fleet.handler import WorkerHandler
 from worker.config import ConfigError, timing_from_env
+from wsfleet.protocol_registry import InvalidRegistryError, check_registry
 
 DEFAULT_STATE_DIR: Final = services.REPO_ROOT / ".local"
 DEFAULT_WORKERS: Final = 3
@@ -68,6 +69,9 @@ class Options:
     sink: Sink | None = None
     """A built-in sink the workers write every message to, on the local servers, with
     a consumer that takes each message once (:mod:`local_stack.sink`)."""
+    upstream_protocols: Mapping[str, str] = field(default_factory=dict)
+    """Plug-in protocols by name (``UPSTREAM_PROTOCOLS``), for the workers and the
+    router alike."""
 
     @property
     def handler_venv(self) -> Path:
@@ -120,6 +124,18 @@ def _lease_seconds(raw: str) -> float:
     except ConfigError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return value
+
+
+def _protocol_entry(raw: str) -> tuple[str, str]:
+    """``NAME=PKG.MOD:FACTORY``, one entry of ``UPSTREAM_PROTOCOLS``."""
+    name, sep, factory = raw.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected NAME=PKG.MOD:FACTORY, got {raw!r}")
+    try:
+        check_registry({name.strip(): factory.strip()})
+    except InvalidRegistryError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return name.strip(), factory.strip()
 
 
 def _base_port(raw: str) -> int:
@@ -210,7 +226,25 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "moto), and a consumer process takes each one once through the deduper, printing "
         "one line per message applied (STATE_DIR/logs/sink-consumer.log)",
     )
+    parser.add_argument(
+        "--upstream-protocol",
+        dest="upstream_protocols",
+        type=_protocol_entry,
+        action="append",
+        default=[],
+        metavar="NAME=PKG.MOD:FACTORY",
+        help="register a plug-in protocol that starts may name (repeat for more): "
+        "UPSTREAM_PROTOCOLS of the workers and of the router; the factory is imported "
+        "from the repository or from --handler-dir",
+    )
     args = parser.parse_args(argv)
+    protocols = dict(args.upstream_protocols)
+    if len(protocols) < len(args.upstream_protocols):
+        parser.error("--upstream-protocol: a name is registered twice")
+    try:
+        check_registry(protocols)
+    except InvalidRegistryError as error:
+        parser.error(f"--upstream-protocol: {error}")
     if args.sink is not None and (args.handler is not None or args.handler_dir is not None):
         parser.error("--sink sets the workers' handler: give --sink or --handler, not both")
     if args.handler_dir is not None:
@@ -232,6 +266,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         handler=args.handler,
         handler_dir=None if args.handler_dir is None else args.handler_dir.resolve(),
         sink=args.sink,
+        upstream_protocols=protocols,
     )
 
 

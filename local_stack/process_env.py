@@ -17,6 +17,7 @@ from lambdas.router import settings as router_settings
 from local_stack import services
 from local_stack.services import LOCAL_CREDENTIALS, LOCAL_REGION, LOOPBACK
 from worker import config as worker_settings
+from wsfleet.protocol_registry import UPSTREAM_PROTOCOLS, registry_text
 
 TABLE_NAME: Final = "connections"
 QUEUE_NAME: Final = "websocket-fleet-starts"
@@ -124,17 +125,31 @@ def _local_env(
 
 
 def local_router_settings(
-    *, table: str, queue_url: str, allowed_hosts: str = LOCAL_UPSTREAM_HOSTS
+    *,
+    table: str,
+    queue_url: str,
+    allowed_hosts: str = LOCAL_UPSTREAM_HOSTS,
+    upstream_protocols: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The router's own settings for local use (docs/DESIGN.md §7): ``ws://`` admitted,
-    upstreams limited to ``allowed_hosts``, secrets under :data:`LOCAL_SECRET_PREFIX`."""
+    upstreams limited to ``allowed_hosts``, secrets under :data:`LOCAL_SECRET_PREFIX`,
+    and the plug-in protocols the workers register (:func:`protocol_settings`)."""
     return {
         router_settings.TABLE_NAME: table,
         router_settings.QUEUE_URL: queue_url,
         router_settings.ALLOWED_UPSTREAM_HOSTS: allowed_hosts,
         router_settings.ALLOW_INSECURE_WS: "true",
         router_settings.ALLOWED_SECRET_PREFIX: LOCAL_SECRET_PREFIX,
+        **protocol_settings(upstream_protocols),
     }
+
+
+def protocol_settings(upstream_protocols: Mapping[str, str] | None) -> dict[str, str]:
+    """``UPSTREAM_PROTOCOLS``, one value for the workers and the router alike (none
+    without plug-ins), as a deployment sets it."""
+    if not upstream_protocols:
+        return {}
+    return {UPSTREAM_PROTOCOLS: registry_text(upstream_protocols)}
 
 
 def router_env(
@@ -144,11 +159,21 @@ def router_env(
     table: str,
     queue_url: str,
     allowed_hosts: str = LOCAL_UPSTREAM_HOSTS,
+    upstream_protocols: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The environment of ``python -m local_stack.api_server``: the local AWS settings
-    and :func:`local_router_settings`."""
+    and :func:`local_router_settings` (a caller's own ``UPSTREAM_PROTOCOLS`` does not
+    pass: the router's must be the workers')."""
     env = _local_env(base, endpoints, table, queue_url)
-    env.update(local_router_settings(table=table, queue_url=queue_url, allowed_hosts=allowed_hosts))
+    env.pop(UPSTREAM_PROTOCOLS, None)
+    env.update(
+        local_router_settings(
+            table=table,
+            queue_url=queue_url,
+            allowed_hosts=allowed_hosts,
+            upstream_protocols=upstream_protocols,
+        )
+    )
     env["POWERTOOLS_SERVICE_NAME"] = "websocket-fleet-router"
     return env
 

@@ -18,7 +18,9 @@ Order of things:
    ``--handler-dir DIR --handler pkg.mod:factory`` they run that handler directory as
    the worker image would: on the interpreter of a virtualenv with the worker's pins
    and the directory's requirements (built before anything starts, kept in the state
-   directory), the directory on their path after the repository.
+   directory), the directory on their path after the repository. Each
+   ``--upstream-protocol NAME=pkg.mod:factory`` registers a plug-in protocol: the
+   workers and the router get the same ``UPSTREAM_PROTOCOLS``, as a deployment sets it.
 4. The demo connections ``demo-1..demo-N`` are started through the router's HTTP API
    (``POST /connections``), as a user would.
 5. The live view (or a summary line every few seconds) runs until SIGINT, SIGTERM or
@@ -260,6 +262,7 @@ class LocalStack:
             },
             client_config=_CLIENT_CONFIG,
             worker_python=worker_python(self.options),
+            upstream_protocols=self.options.upstream_protocols,
         )
         self._ddb = deployment.ddb
         self._queue_url = deployment.create_resources().queue_url
@@ -367,6 +370,16 @@ class LocalStack:
                 f"applies each once (dedup table {local_sink.DEDUP_TABLE}): "
                 f"grep '^applied ' {self._consumer.log_path}",
             ]
+        protocols = self.options.upstream_protocols
+        plugins = (
+            [
+                "protocols: "
+                + ", ".join(f"{name} ({factory})" for name, factory in sorted(protocols.items()))
+                + ' registered; a start names one with "protocol": {"name": ..., "options": {...}}'
+            ]
+            if protocols
+            else []
+        )
         return [
             f"local stack up in {startup_s:.1f} s",
             # One machine-readable line: tests and scripts take the ports from here.
@@ -378,6 +391,7 @@ class LocalStack:
             f"{format_number(self.options.rate)} msg/s each",
             f"logs: {self.options.log_dir} (worker-<i>.log, and one per server)",
             *sink,
+            *plugins,
             f"credentials: the secret {DEMO_SECRET} holds the demo feed's {DEMO_KEY_HEADER} "
             f"for streams with require_key=1 (start them with "
             f'"auth": {{"secret": "{DEMO_SECRET}"}})',

@@ -223,6 +223,16 @@ def _variables(value: Any) -> dict[str, str]:
     return settings
 
 
+def _protocols(value: Any) -> dict[str, Any]:
+    """A JSON object of protocol names to factories; the construct checks each entry
+    (:mod:`wsfleet.protocol_registry`)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError('expected a JSON object such as {"acme-feed": "acme.feed:factory"}')
+    return dict(value)
+
+
 def _json_or_text(value: Any) -> Any:
     """``-c key=value`` arrives as text; JSON lets lists, numbers and objects through."""
     if not isinstance(value, str):
@@ -263,6 +273,7 @@ _KEYS: Final[dict[str, tuple[str, Any]]] = {
     "handlerDir": ("handler", str),
     "workerSettings": ("worker_settings", _variables),
     "handlerEnvironment": ("handler_environment", _variables),
+    "upstreamProtocols": ("upstream_protocols", _protocols),
     "reassignOnRelease": ("reassign_on_release", _bool),
     "upstreamConnectBurst": ("upstream_connect_burst", _int),
     "upstreamConnectsPerSecond": ("upstream_connects_per_second", float),

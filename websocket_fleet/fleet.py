@@ -39,6 +39,7 @@ from websocket_fleet.worker_environment import worker_environment
 from websocket_fleet.worker_scaling import WorkerScaling
 from websocket_fleet.worker_service import WorkerService
 from wsfleet.metric_names import DEFAULT_SERVICE_NAME
+from wsfleet.protocol_registry import registry_text
 from wsfleet.timing import DEFAULT_LEASE_SECONDS
 
 
@@ -65,6 +66,7 @@ class WebSocketFleet(Construct):
         handler: WorkerHandler | None = None,
         worker_settings: Mapping[str, str] | None = None,
         handler_environment: Mapping[str, str] | None = None,
+        upstream_protocols: Mapping[str, str] | None = None,
         service_name: str = DEFAULT_SERVICE_NAME,
         allowed_secret_prefix: str = DEFAULT_SECRET_PREFIX,
         max_connections: int = 500,
@@ -99,6 +101,7 @@ class WebSocketFleet(Construct):
             handler=handler,
             worker_settings=dict(worker_settings or {}),
             handler_environment=dict(handler_environment or {}),
+            upstream_protocols=dict(upstream_protocols or {}),
             service_name=service_name,
             allowed_secret_prefix=allowed_secret_prefix,
             max_connections=max_connections,
@@ -180,6 +183,13 @@ class WebSocketFleet(Construct):
         )
 
         names = ROUTER_ENVIRONMENT
+        # The workers' registry, so that the router admits exactly the plug-ins they
+        # load (unset without plug-ins: a template without them stays as it was).
+        protocols = (
+            {names.UPSTREAM_PROTOCOLS: registry_text(s.upstream_protocols)}
+            if s.upstream_protocols
+            else {}
+        )
         router = RouterFunction(
             self,
             "Router",
@@ -189,6 +199,7 @@ class WebSocketFleet(Construct):
                 names.ALLOWED_UPSTREAM_HOSTS: ",".join(s.allowed_upstream_hosts),
                 names.ALLOW_INSECURE_WS: "false",
                 names.ALLOWED_SECRET_PREFIX: s.allowed_secret_prefix,
+                **protocols,
                 "POWERTOOLS_SERVICE_NAME": f"{s.service_name}-router",
             },
             powertools_version=s.powertools_version,

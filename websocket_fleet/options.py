@@ -22,6 +22,7 @@ from websocket_fleet.worker_environment import (
     option_settings,
 )
 from wsfleet.metric_names import DEFAULT_SERVICE_NAME
+from wsfleet.protocol_registry import InvalidRegistryError, check_registry
 from wsfleet.secret_refs import InvalidSecretRefError, check_prefix
 from wsfleet.timing import DEFAULT_LEASE_SECONDS, InvalidTimingError, LeaseTiming
 
@@ -99,6 +100,12 @@ class FleetOptions:
     container next to the worker's; a worker setting's name is refused (those go in
     ``worker_settings``), and so is one the handler sets itself (a built-in sink's
     destination, ``WorkerHandler.kinesis`` and the like)."""
+    upstream_protocols: Mapping[str, str] = field(default_factory=dict)
+    """Plug-in protocols a start may name, ``{"acme-feed": "acme.feed:factory"}``:
+    ``UPSTREAM_PROTOCOLS`` of the workers (which load the factories, from the image:
+    the handler's directory, for one) and of the router (which admits the names).
+    Names are 1 to 63 of a-z, 0-9 and -, none of a built-in protocol
+    (:mod:`wsfleet.protocol_registry`)."""
     service_name: str = DEFAULT_SERVICE_NAME
     allowed_secret_prefix: str = DEFAULT_SECRET_PREFIX
     """Secrets a start may name for its credentials (the router's
@@ -180,6 +187,10 @@ class FleetOptions:
             self.timing  # noqa: B018 - validates the lease timing the worker will derive
         except InvalidTimingError as error:
             raise FleetOptionsError("lease_seconds", str(error)) from None
+        try:
+            check_registry(self.upstream_protocols)
+        except InvalidRegistryError as error:
+            raise FleetOptionsError("upstream_protocols", str(error)) from None
         check_worker_settings(self.worker_settings, option_settings(self))
         check_handler_environment(
             self.handler_environment,

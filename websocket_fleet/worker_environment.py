@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 from websocket_fleet.errors import FleetOptionsError
 from websocket_fleet.sources import worker_config
 from wsfleet import metric_names
+from wsfleet.protocol_registry import UPSTREAM_PROTOCOLS, registry_text
 from wsfleet.sink_limits import ENVELOPE_ALLOWANCE
 
 if TYPE_CHECKING:
@@ -33,9 +34,11 @@ OPTION_OWNED: Final = {
     "REASSIGN_ON_RELEASE": "reassign_on_release",
     "UPSTREAM_CONNECT_BURST": "upstream_connect_burst",
     "UPSTREAM_CONNECTS_PER_SECOND": "upstream_connects_per_second",
+    UPSTREAM_PROTOCOLS: "upstream_protocols",
 }
 """Worker settings an option sets (and validates against the rest of the stack: the
-scaling target, the metric dimension, the image): set the option instead."""
+scaling target, the metric dimension, the image, the router that must know the same
+protocols): set the option instead."""
 PLACEHOLDER: Final = "synth-placeholder"
 """Stands in for the table name and queue URL, tokens until deploy time."""
 
@@ -52,6 +55,8 @@ def option_settings(options: FleetOptions) -> dict[str, str]:
         "SERVICE_NAME": options.service_name,
         "HEALTH_FILE": _config_value("DEFAULT_HEALTH_FILE"),
     }
+    if options.upstream_protocols:
+        env[UPSTREAM_PROTOCOLS] = registry_text(options.upstream_protocols)
     if options.handler is not None:
         env["HANDLER"] = options.handler.factory
         carried = options.handler.max_message_bytes

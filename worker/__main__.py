@@ -16,7 +16,7 @@ from worker.credentials import SecretCache, secrets_manager_reader
 from worker.delivery import load_handler
 from worker.fleet_worker import Worker, WorkerDeps
 from worker.plugins import PluginError
-from worker.upstream_protocol import load_protocol
+from worker.protocol_plugins import default_protocol, load_plugins
 from wsfleet.lease_store import LeaseStore
 from wsfleet.session_store import SessionStore
 
@@ -56,7 +56,8 @@ def main() -> int:
         log.warning(line)
     try:
         handler = load_handler(config.handler)
-        protocol = load_protocol(config.upstream_protocol)
+        plugins = load_plugins(config.upstream_protocols, config.upstream_protocol)
+        protocol = default_protocol(config.upstream_protocol, plugins)
     except PluginError as error:
         log.error("plug-in error", extra={"error": str(error)})
         return 2
@@ -72,6 +73,7 @@ def main() -> int:
         sqs_poll=clients.sqs_poll,
         handler=handler,
         protocol=protocol,
+        plugins=plugins,
         secrets=SecretCache(
             secrets_manager_reader(clients.secrets), ttl=config.secret_cache_seconds
         ),

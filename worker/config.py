@@ -13,6 +13,12 @@ from typing import Final
 
 from wsfleet import accelerators
 from wsfleet.balance_rules import BalanceSettings
+from wsfleet.protocol_registry import (
+    FACTORY_PATTERN,
+    UPSTREAM_PROTOCOLS,
+    InvalidRegistryError,
+    parse_registry,
+)
 from wsfleet.timing import DEFAULT_LEASE_SECONDS, InvalidTimingError, LeaseTiming
 
 TABLE_NAME: Final = "TABLE_NAME"
@@ -66,6 +72,7 @@ SETTINGS: Final = frozenset(
         MAX_CONNECTIONS,
         REASSIGN_ON_RELEASE,
         UPSTREAM_PROTOCOL,
+        UPSTREAM_PROTOCOLS,
         HANDLER_ERRORS,
         METRICS_NAMESPACE,
         SERVICE_NAME,
@@ -116,6 +123,10 @@ class WorkerConfig:
     max_connections: int = 500
     reassign_on_release: bool = True
     upstream_protocol: str = "json-seq"
+    """The protocol of connections whose item names none: ``json-seq``, a name of
+    :attr:`upstream_protocols`, or a ``module:factory`` plug-in."""
+    upstream_protocols: Mapping[str, str] = field(default_factory=dict)
+    """Plug-in protocols by name (``UPSTREAM_PROTOCOLS``), which a start may name."""
     handler_errors: str = "retry"
     metrics_namespace: str = "WebSocketFleet"
     service_name: str = "websocket-fleet"
@@ -190,6 +201,11 @@ class WorkerConfig:
         json_decoder = _accelerator(
             env, JSON_DECODER, accelerators.JSON_DECODERS, accelerators.default_json_decoder()
         )
+        try:
+            upstream_protocols = parse_registry(env.get(UPSTREAM_PROTOCOLS))
+        except InvalidRegistryError as error:
+            raise ConfigError(f"{UPSTREAM_PROTOCOLS}: {error}") from None
+        upstream_protocol = default_protocol_name(env, upstream_protocols)
         return cls(
             table_name=_required(env, TABLE_NAME),
             queue_url=_required(env, QUEUE_URL),
@@ -197,7 +213,8 @@ class WorkerConfig:
             timing=timing,
             max_connections=max_connections,
             reassign_on_release=_bool(env, REASSIGN_ON_RELEASE, True),
-            upstream_protocol=env.get(UPSTREAM_PROTOCOL) or "json-seq",
+            upstream_protocol=upstream_protocol,
+            upstream_protocols=upstream_protocols,
             handler_errors=handler_errors,
             metrics_namespace=env.get(METRICS_NAMESPACE) or "WebSocketFleet",
             service_name=env.get(SERVICE_NAME) or "websocket-fleet",
@@ -219,6 +236,20 @@ class WorkerConfig:
             json_decoder=json_decoder,
             balance=balance_from_env(env),
         )
+
+
+def default_protocol_name(env: Mapping[str, str], registered: Mapping[str, str]) -> str:
+    """``UPSTREAM_PROTOCOL``: ``json-seq`` (unset), a registered name, or the
+    ``module:factory`` of a plug-in of its own (loaded once, shared by every connection
+    without a spec, as before there was a registry)."""
+    value = (env.get(UPSTREAM_PROTOCOL) or "json-seq").strip()
+    if value == "json-seq" or value in registered or FACTORY_PATTERN.fullmatch(value):
+        return value
+    names = ", ".join(["json-seq", *sorted(registered)])
+    raise ConfigError(
+        f"{UPSTREAM_PROTOCOL} must be one of {names} (those registered in "
+        f"{UPSTREAM_PROTOCOLS}) or a 'package.module:factory', got {value!r}"
+    )
 
 
 def check_names(names: Iterable[str]) -> None:

@@ -45,16 +45,17 @@ from worker.delivery import Delivery
 from worker.failing_mark import FailingMark
 from worker.handler_calls import HandlerCalls
 from worker.message_pump import MessagePump
+from worker.protocol_plugins import PluginSetupError, connection_protocol
 from worker.releasing import release_within_budget
 from worker.upstream_failures import FailingClock
 from worker.upstream_health import UpstreamHealth
 from worker.upstream_link import UpstreamLink
-from worker.upstream_protocol import is_resumable, protocol_for
+from worker.upstream_protocol import is_resumable
 from wsfleet import metric_names as m
 from wsfleet.checkpoint_page import PageEntry
 from wsfleet.lease_rules import Lease
 from wsfleet.lease_store import Released
-from wsfleet.protocol_specs import InvalidProtocolError
+from wsfleet.protocol_specs import InvalidProtocolError, UnknownProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +103,22 @@ class ConnectionRunner:
         self.parked_reason: str | None = None
         """Set with the ``PARKED`` ending: what the park write records."""
         self._protocol_error: str | None = None
+        """Why the connection's protocol cannot be used: it parks with this reason."""
         try:
-            self.protocol = protocol_for(
-                lease.protocol, settings.protocol, settings.max_message_bytes
+            self.protocol = connection_protocol(
+                lease.protocol, settings.protocol, settings.plugins, settings.max_message_bytes
+            )
+        except UnknownProtocolError as error:
+            # Deployments out of step: a router that knows a plug-in this worker lacks.
+            self.protocol = settings.protocol
+            self._protocol_error = (
+                f"protocol {error.name!r} is not registered on this worker "
+                f"(it has {', '.join(error.known)})"
             )
         except InvalidProtocolError as error:
+            self.protocol = settings.protocol
+            self._protocol_error = f"invalid protocol: {error}"
+        except PluginSetupError as error:
             self.protocol = settings.protocol
             self._protocol_error = str(error)
         self._resumable = is_resumable(self.protocol)
@@ -218,10 +230,10 @@ class ConnectionRunner:
         the connection ends, or the upstream is given up on (parked)."""
         if self._protocol_error is not None:
             log.warning(
-                "stored protocol does not validate: parking the connection",
+                "the connection's protocol cannot be used: parking the connection",
                 extra={"connection_id": self.connection_id, "reason": self._protocol_error},
             )
-            reason: str | None = f"invalid protocol: {self._protocol_error}"
+            reason: str | None = self._protocol_error
         else:
             reason = await self._link.run(self.pump.receive)
         if reason is not None:

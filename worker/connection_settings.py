@@ -1,5 +1,6 @@
 """What every connection of a worker shares: the store, the handler, the default
-protocol, the metrics, the timings and the upstream settings."""
+protocol and the registered plug-ins, the metrics, the timings and the upstream
+settings."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from worker.connect_pacing import ConnectPacer
 from worker.credentials import SecretCache
 from worker.delivery import AnyHandler
 from worker.metrics import FleetMetrics
+from worker.protocol_plugins import NO_PLUGINS, ProtocolPlugins
 from worker.upstream_protocol import UpstreamProtocol
 from wsfleet.lease_store import LeaseStore
 from wsfleet.timing import LeaseTiming
@@ -47,3 +49,5 @@ class ConnectionSettings:
     pacer: ConnectPacer = field(default_factory=ConnectPacer)
     """Paces every connect attempt per upstream host (``UPSTREAM_CONNECT_BURST``,
     ``UPSTREAM_CONNECTS_PER_SECOND``); the default paces nothing."""
+    plugins: ProtocolPlugins = NO_PLUGINS
+    """The plug-in protocols a connection's spec may name (``UPSTREAM_PROTOCOLS``)."""

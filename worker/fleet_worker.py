@@ -46,6 +46,7 @@ from worker.lifecycle import Lifecycle
 from worker.metrics import FleetMetrics
 from worker.notices import Notices
 from worker.ownership import Ownership
+from worker.protocol_plugins import NO_PLUGINS, ProtocolPlugins
 from worker.reconciler import Reconciler
 from worker.session_cycle import SessionCycle
 from worker.standing import Standing
@@ -77,6 +78,7 @@ class WorkerDeps:
     """Every SQS call but the long poll (short timeouts: worker.aws_clients)."""
     handler: AnyHandler
     protocol: UpstreamProtocol
+    """The default protocol (``UPSTREAM_PROTOCOL``)."""
     wall_ms: Callable[[], int] = wall_clock_ms
     rng: random.Random | None = None
     secrets: SecretCache | None = None
@@ -93,6 +95,8 @@ class WorkerDeps:
     """Where the EMF documents go (None: standard output)."""
     sqs_poll: SQSClient | None = None
     """The start queue's long poll, whose read timeout outlasts the poll (None: ``sqs``)."""
+    plugins: ProtocolPlugins = NO_PLUGINS
+    """The plug-in protocols registered by name (``UPSTREAM_PROTOCOLS``), loaded."""
 
 
 class Worker:
@@ -132,6 +136,7 @@ class Worker:
             pacer=ConnectPacer(
                 config.upstream_connect_burst, config.upstream_connects_per_second, rng=rng
             ),
+            plugins=deps.plugins,
         )
         self.balancer = Balancer(
             self,

@@ -81,6 +81,8 @@ class Lifecycle:
                 "lease_seconds": config.timing.lease,
                 "event_loop": config.event_loop,
                 "json_decoder": config.json_decoder,
+                "upstream_protocol": config.upstream_protocol,
+                "upstream_protocols": sorted(config.upstream_protocols),
                 "version": VERSION,
             },
         )

@@ -34,7 +34,7 @@ from websockets.exceptions import (
 )
 
 from worker.credentials import SecretError
-from worker.upstream_protocol import OpenFrameError
+from worker.upstream_protocol import OpenFrameError, ResolveUrlError
 
 RETRYABLE_4XX = frozenset((408, 429))
 """Request Timeout and Too Many Requests: the upstream may answer otherwise later."""
@@ -77,7 +77,7 @@ def describe(error: BaseException | None, *, delivered: bool = False) -> str:
     may quote the URL or a host)."""
     if error is None:
         return "closed by upstream" if delivered else "closed before a message"
-    if isinstance(error, (SecretError, OpenFrameError)):
+    if isinstance(error, (SecretError, OpenFrameError, ResolveUrlError)):
         return str(error)  # written to be shown: a reason, never a secret's value
     status = http_status(error)
     if status is not None:

@@ -6,7 +6,8 @@ It has the shape of python-websockets' own reconnecting client (``async for ws i
 connect(...)``): open, hand the connection over, classify what ended it (websockets'
 ``process_exception``; here :class:`~worker.upstream_failures.FailingClock`), back
 off, open again. It is not built on that iterator: each attempt needs a URL of its
-own (the resume point moves with the checkpoint), credentials read for it (a rotated
+own (the resume point moves with the checkpoint; a plug-in's ``resolve_url`` may ask a
+service for it), credentials read for it (a rotated
 secret is read again after a 401 or 403), a pacer slot per upstream host, and a
 backoff that starts over only once a message was handled on a connection (not on
 every open, or an upstream that accepts and then closes at once is hammered), with
@@ -32,7 +33,14 @@ from worker.failing_mark import FailingMark
 from worker.patient_connection import PatientConnection
 from worker.upstream_failures import Verdict, describe, http_status
 from worker.upstream_health import UpstreamHealth
-from worker.upstream_protocol import UpstreamProtocol, open_frames, run_attached, with_query
+from worker.upstream_protocol import (
+    ResolveUrlError,
+    UpstreamProtocol,
+    open_frames,
+    resolve_url,
+    run_attached,
+    with_query,
+)
 from wsfleet import metric_names as m
 from wsfleet.backoff import backoff_delays
 from wsfleet.checkpoint_page import BACKING_OFF, CONNECTING, STREAMING
@@ -207,8 +215,9 @@ class UpstreamLink:
     ) -> tuple[ClientConnection, list[str]]:
         s = self._s
         frames = open_frames(self._protocol, self._state.checkpoint, credentials.fields)
+        target = await self._resolve(url, credentials)
         ws = await connect(
-            with_query(url, credentials.query),
+            with_query(target, credentials.query),
             additional_headers=dict(credentials.headers) or None,
             open_timeout=s.open_timeout,
             ping_interval=s.ping_interval,
@@ -219,6 +228,17 @@ class UpstreamLink:
             logger=None if credentials is NO_CREDENTIALS else _handshake_log,
         )
         return ws, frames
+
+    async def _resolve(self, url: str, credentials: Credentials) -> str:
+        """The protocol's ``resolve_url`` step, bounded as a connect is; before every
+        connect, since what a service hands out may be good for one connect only."""
+        try:
+            async with asyncio.timeout(self._s.open_timeout):
+                return await resolve_url(
+                    self._protocol, url, self._state.checkpoint, credentials.fields
+                )
+        except TimeoutError:
+            raise ResolveUrlError("resolve_url timed out") from None
 
 
 class _Link:

@@ -2,9 +2,11 @@
 
 A connection speaks the protocol its item names (a spec of
 :mod:`wsfleet.protocol_specs`: ``json-seq``, ``json-field`` or ``live`` with their
-options), or, without one, the worker's default (``UPSTREAM_PROTOCOL``: ``json-seq``
-or a ``module:factory`` plug-in). Each runner builds its own instance
-(:func:`protocol_for`), so a protocol may keep per-connection state.
+options, or a plug-in registered in ``UPSTREAM_PROTOCOLS``), or, without one, the
+worker's default (``UPSTREAM_PROTOCOL``: ``json-seq``, a registered plug-in or a
+``module:factory`` one). Each runner builds its own instance
+(:func:`worker.protocol_plugins.connection_protocol`), so a protocol may keep
+per-connection state.
 
 The built-in ``json-seq``: each message is a JSON object with an integer ``seq``
 (starting at 1); on (re)connect the worker appends ``from_seq=<last_seq + 1>`` to
@@ -14,9 +16,12 @@ with the same object typed ``pong``.
 The runner calls, for every connection attempt and in this order:
 :meth:`~UpstreamProtocol.resume_url` with the checkpoint, then :func:`open_frames`
 (frames sent right after the handshake, before anything is read), then
-:meth:`~UpstreamProtocol.decode` for every frame received. Plug-ins need only
-``resume_url`` and ``decode``; without ``open_frames`` they send nothing, without
-``resumable`` they count as resumable.
+:func:`resolve_url` (the URL to connect to, from a first call of the plug-in's own),
+then, once connected, :meth:`~UpstreamProtocol.decode` for every frame received and
+the ``attached(link)`` hook beside it. Plug-ins need only ``resume_url`` and
+``decode``; without ``open_frames`` they send nothing, without ``resumable`` they count
+as resumable, without ``resolve_url`` they connect to what ``resume_url`` gave. The
+whole interface, versioned, is docs/PROTOCOLS.md.
 """
 
 from __future__ import annotations
@@ -126,6 +131,34 @@ def open_frames(protocol: UpstreamProtocol, last_seq: int, secret: Mapping[str, 
         return []
     frames: list[str] = hook(last_seq, secret)
     return frames
+
+
+class ResolveUrlError(Exception):
+    """The protocol's ``resolve_url`` failed: the attempt fails as a failed connect
+    does. A plug-in may raise it itself with a reason of its own, which shows as the
+    attempt's end (and as the parked reason, should the connection park): keep URLs
+    and secret values out of it. Any other exception shows as its class only."""
+
+
+async def resolve_url(
+    protocol: UpstreamProtocol, url: str, last_seq: int, secret: Mapping[str, Any]
+) -> str:
+    """The URL to connect to: what the protocol's ``resolve_url`` makes of ``url``
+    (what ``resume_url`` gave), or ``url`` for a protocol without one. Raises
+    :class:`ResolveUrlError`."""
+    hook = getattr(protocol, "resolve_url", None)
+    if hook is None:
+        return url
+    try:
+        resolved = await hook(url, last_seq, secret)
+    except ResolveUrlError:
+        raise
+    except Exception as error:
+        # Its text may quote a URL or a credential; the class says enough to start.
+        raise ResolveUrlError(f"resolve_url failed: {type(error).__name__}") from error
+    if not isinstance(resolved, str):
+        raise ResolveUrlError(f"resolve_url gave a {type(resolved).__name__}, not a URL")
+    return resolved
 
 
 def is_resumable(protocol: UpstreamProtocol) -> bool:
@@ -421,9 +454,10 @@ def protocol_for(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> UpstreamProtocol:
     """The protocol of a connection whose item stores ``stored`` (its spec, or None:
-    ``default``, the worker's ``UPSTREAM_PROTOCOL``). Raises
-    :class:`~wsfleet.protocol_specs.InvalidProtocolError` for a stored spec that does
-    not validate."""
+    ``default``, the worker's ``UPSTREAM_PROTOCOL``), among the built-ins only; the
+    runner's :func:`worker.protocol_plugins.connection_protocol` adds the registered
+    plug-ins. Raises :class:`~wsfleet.protocol_specs.InvalidProtocolError` for a stored
+    spec that does not validate."""
     spec = protocol_specs.spec_from_item(stored)
     return default if spec is None else from_spec(spec, max_message_bytes)
 

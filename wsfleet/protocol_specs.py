@@ -7,6 +7,12 @@ with :func:`parse_spec`, the worker reads the stored form with :func:`spec_from_
 and fills subscribe templates with :func:`render_template`. A connection without a
 spec speaks the worker's default protocol (``UPSTREAM_PROTOCOL``).
 
+A spec may also name a plug-in the deployment registered (``UPSTREAM_PROTOCOLS``,
+:mod:`wsfleet.protocol_registry`): both functions take the registered names as
+``plugins``. A plug-in's options are its own, any JSON object within
+:data:`MAX_SPEC_BYTES`; only the plug-in knows what they mean, so only their shape and
+size are checked here (the worker hands them to the plug-in's ``configure``).
+
 The built-in protocols (docs/DESIGN.md §4.6):
 
 - ``json-seq``: JSON objects with an integer ``seq``; resumes with ``from_seq=<next>``
@@ -36,7 +42,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -80,6 +86,19 @@ class InvalidProtocolError(ValueError):
     """The spec cannot be used; the message says why, for a 400 answer."""
 
 
+class UnknownProtocolError(InvalidProtocolError):
+    """The spec names a protocol that is neither built in nor registered; the message
+    lists those that are."""
+
+    def __init__(self, name: Any, plugins: Collection[str]) -> None:
+        self.name = name
+        self.known = [*PROTOCOL_NAMES, *sorted(set(plugins) - set(PROTOCOL_NAMES))]
+        super().__init__(
+            f"protocol name must be one of {self.known}, got {name!r} (plug-in protocols are "
+            "those the deployment registers in UPSTREAM_PROTOCOLS)"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class ProtocolSpec:
     name: str
@@ -113,9 +132,10 @@ class ProtocolSpec:
         return self.options.get("subscribe")
 
 
-def spec_from_item(stored: str | None) -> ProtocolSpec | None:
+def spec_from_item(stored: str | None, *, plugins: Collection[str] = ()) -> ProtocolSpec | None:
     """The spec stored on an item (None: the worker's default). A stored spec that no
-    longer validates (written by a newer router) raises :class:`InvalidProtocolError`."""
+    longer validates (written by a newer router, or naming a plug-in that is not among
+    ``plugins``: deployments out of step) raises :class:`InvalidProtocolError`."""
     if stored is None:
         return None
     if not isinstance(stored, str):
@@ -124,21 +144,21 @@ def spec_from_item(stored: str | None) -> ProtocolSpec | None:
         raw = json.loads(stored)
     except ValueError as error:
         raise InvalidProtocolError(f"stored protocol is not JSON: {error}") from None
-    return parse_spec(raw)
+    return parse_spec(raw, plugins=plugins)
 
 
-def parse_spec(raw: Any) -> ProtocolSpec:
-    """Validate a spec as a start request carries it."""
+def parse_spec(raw: Any, *, plugins: Collection[str] = ()) -> ProtocolSpec:
+    """Validate a spec as a start request carries it; ``plugins``: the names of the
+    plug-in protocols the deployment registered."""
     if not isinstance(raw, dict):
         raise InvalidProtocolError('protocol must be an object {"name": ..., "options": {...}}')
     unknown = set(raw) - {"name", "options"}
     if unknown:
         raise InvalidProtocolError(f"protocol has unknown keys: {sorted(unknown)}")
     name = raw.get("name")
-    if name not in PROTOCOL_NAMES:
-        raise InvalidProtocolError(
-            f"protocol name must be one of {list(PROTOCOL_NAMES)}, got {name!r}"
-        )
+    if not isinstance(name, str) or (name not in PROTOCOL_NAMES and name not in plugins):
+        raise UnknownProtocolError(name, plugins)
+    check = _CHECKS.get(name)
     options = raw.get("options", {})
     if not isinstance(options, dict):
         raise InvalidProtocolError("protocol options must be an object")
@@ -154,7 +174,8 @@ def parse_spec(raw: Any) -> ProtocolSpec:
         raise InvalidProtocolError(
             f"protocol spec is {size} bytes as JSON, more than {MAX_SPEC_BYTES}"
         )
-    _CHECKS[name](options)
+    if check is not None:  # a plug-in's options are the plug-in's to judge
+        check(options)
     return spec
 
 

@@ -97,19 +97,23 @@ class AuthRef(_Strict):
 
 class ProtocolChoice(_Strict):
     """The upstream protocol and its options. Which names and options exist, and what
-    they mean, is decided by ``wsfleet.protocol_specs`` (docs/DESIGN.md §4.6); a
-    refused spec is a 400 ``invalid_protocol`` with that module's message."""
+    they mean, is decided by ``wsfleet.protocol_specs`` (docs/DESIGN.md §4.6) and, for
+    plug-ins, by the deployment's ``UPSTREAM_PROTOCOLS``; a refused spec is a 400
+    ``invalid_protocol`` with that module's message."""
 
     name: str = Field(
-        description="the protocol: " + ", ".join(PROTOCOL_NAMES),
-        json_schema_extra={"enum": list(PROTOCOL_NAMES)},
+        description="the protocol: a built-in ("
+        + ", ".join(PROTOCOL_NAMES)
+        + ") or a plug-in the deployment registers in UPSTREAM_PROTOCOLS (a name of"
+        " a-z, 0-9 and -); any other name is refused with the list of those it has",
     )
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="the protocol's options (json-field: sequence, payload, resume,"
-        " resume_param; any protocol: a subscribe frame with ${from_seq}, ${last_seq} and"
-        f" ${{secret:<field>}} placeholders); the whole spec is at most {MAX_SPEC_BYTES}"
-        " bytes of compact JSON",
+        " resume_param; any built-in: a subscribe frame with ${from_seq}, ${last_seq} and"
+        " ${secret:<field>} placeholders, inflate, keepalive, answers; a plug-in: any"
+        f" object, its own); the whole spec is at most {MAX_SPEC_BYTES} bytes of compact"
+        " JSON",
     )
 
     def as_raw(self) -> dict[str, Any]:

@@ -90,14 +90,20 @@ class ConnectionService:
         """Validate, write the desired state, then send one start hint.
 
         ``protocol`` is the spec as the start carries it (``{"name", "options"}``),
-        validated by :func:`wsfleet.protocol_specs.parse_spec` and stored in its
-        compact form; ``auth_secret`` the secret reference, validated by
+        validated by :func:`wsfleet.protocol_specs.parse_spec` (a built-in, or a
+        plug-in of ``UPSTREAM_PROTOCOLS``, whose options are checked for shape and
+        size only: the router runs no plug-in code) and stored in its compact form;
+        ``auth_secret`` the secret reference, validated by
         :func:`wsfleet.secret_refs.check_secret_ref` against ``ALLOWED_SECRET_PREFIX``.
         The router never reads the secret. Raises UrlRefusedError,
         InvalidProtocolError, InvalidSecretRefError (before anything is written),
         ConnectionConflictError."""
         check_upstream_url(ws_url, self._settings.url_policy)
-        stored_protocol = parse_spec(dict(protocol)).to_item() if protocol is not None else None
+        stored_protocol = (
+            parse_spec(dict(protocol), plugins=self._settings.plugin_protocols).to_item()
+            if protocol is not None
+            else None
+        )
         reference = (
             check_secret_ref(auth_secret, self._settings.secret_prefix)
             if auth_secret is not None

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from lambdas.router.url_policy import UrlPolicy
+from wsfleet import protocol_registry
+from wsfleet.protocol_registry import InvalidRegistryError, parse_registry
 from wsfleet.secret_refs import InvalidSecretRefError, check_prefix
 
 TABLE_NAME: Final = "TABLE_NAME"
@@ -17,6 +19,10 @@ ALLOW_INSECURE_WS: Final = "ALLOW_INSECURE_WS"
 ALLOWED_SECRET_PREFIX: Final = "ALLOWED_SECRET_PREFIX"
 """Secret references a start may carry must name a secret under this prefix (the
 prefix the worker task role may read); unset or empty: no references are accepted."""
+UPSTREAM_PROTOCOLS: Final = protocol_registry.UPSTREAM_PROTOCOLS
+"""The plug-in protocols the deployment registered, the workers' very setting
+(:mod:`wsfleet.protocol_registry`); the router reads the names only. Unset: a start
+may name the built-in protocols only."""
 
 
 class SettingsError(ValueError):
@@ -30,6 +36,8 @@ class RouterSettings:
     url_policy: UrlPolicy
     secret_prefix: str | None = None
     """``ALLOWED_SECRET_PREFIX``; None: every ``auth`` is refused."""
+    plugin_protocols: frozenset[str] = frozenset()
+    """The names of ``UPSTREAM_PROTOCOLS``: the plug-ins a start's protocol may name."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RouterSettings:
@@ -46,6 +54,10 @@ class RouterSettings:
                 check_prefix(prefix)
             except InvalidSecretRefError as error:
                 raise SettingsError(f"{ALLOWED_SECRET_PREFIX}: {error}") from None
+        try:
+            plugins = parse_registry(env.get(UPSTREAM_PROTOCOLS))
+        except InvalidRegistryError as error:
+            raise SettingsError(f"{UPSTREAM_PROTOCOLS}: {error}") from None
         return cls(
             table_name=env[TABLE_NAME],
             queue_url=env[QUEUE_URL],
@@ -53,4 +65,5 @@ class RouterSettings:
                 env.get(ALLOWED_UPSTREAM_HOSTS, ""), allow_insecure_ws=insecure == "true"
             ),
             secret_prefix=prefix,
+            plugin_protocols=frozenset(plugins),
         )

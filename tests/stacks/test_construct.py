@@ -228,6 +228,68 @@ def test_a_handler_directory_may_not_shadow_the_worker_or_the_standard_library(
         WorkerHandler.from_directory(directory, "my_sink.sink:factory")
 
 
+# --- plug-in protocols: one registry for the workers and the router -------------------------
+
+REGISTRY = {"tickline": "tickline_plugin.protocol:factory", "acme-feed": "acme.feed:make"}
+
+
+def router_environment(template: dict[str, Any]) -> dict[str, Any]:
+    (function,) = [
+        f["Properties"]
+        for f in of_type(template["Resources"], "AWS::Lambda::Function").values()
+        if f["Properties"].get("Handler") == "lambdas.router.main.handler"
+    ]
+    variables: dict[str, Any] = function["Environment"]["Variables"]
+    return variables
+
+
+def test_the_protocol_registry_reaches_the_workers_and_the_router() -> None:
+    fleet = make(
+        upstream_protocols=REGISTRY,
+        worker_settings={"UPSTREAM_PROTOCOL": "tickline"},
+        handler=WorkerHandler.from_image(ECR_IMAGE, factory="acme.sink:factory"),
+    )
+    template = Template.from_stack(cdk.Stack.of(fleet)).to_json()
+    registered = '{"acme-feed":"acme.feed:make","tickline":"tickline_plugin.protocol:factory"}'
+    workers = container_environment(template)
+    assert workers["UPSTREAM_PROTOCOLS"] == registered
+    assert workers["UPSTREAM_PROTOCOL"] == "tickline"
+    assert router_environment(template)["UPSTREAM_PROTOCOLS"] == registered
+
+
+def test_without_plugins_neither_gets_the_setting(user_app: UserApp) -> None:
+    template = user_app.template("MyFleet")
+    assert "UPSTREAM_PROTOCOLS" not in container_environment(template)
+    assert "UPSTREAM_PROTOCOLS" not in router_environment(template)
+
+
+@pytest.mark.parametrize(
+    ("registry", "message"),
+    [
+        ({"Tickline": "a.b:c"}, "'Tickline' is not a protocol name"),
+        ({"tick_line": "a.b:c"}, "'tick_line' is not a protocol name"),
+        ({"": "a.b:c"}, "'' is not a protocol name"),
+        ({"json-field": "a.b:c"}, "'json-field' is a built-in protocol"),
+        ({"tickline": "tickline_plugin.protocol"}, "must look like 'package.module:factory'"),
+        ({"tickline": "tickline-plugin:factory"}, "must look like 'package.module:factory'"),
+        ({"tickline": None}, "must look like 'package.module:factory', got None"),
+        ({3: "a.b:c"}, "3 is not a protocol name"),
+    ],
+)
+def test_a_registry_that_cannot_work_is_refused_at_synth(registry: Any, message: str) -> None:
+    with pytest.raises(FleetOptionsError, match=re.escape(message)) as refused:
+        make(upstream_protocols=registry)
+    assert refused.value.option == "upstream_protocols"
+
+
+def test_the_registry_is_set_by_its_option_only_and_the_default_must_be_in_it() -> None:
+    with pytest.raises(FleetOptionsError, match="set by the option upstream_protocols") as owned:
+        make(worker_settings={"UPSTREAM_PROTOCOLS": '{"tickline": "a.b:c"}'})
+    assert owned.value.option == "worker_settings"
+    with pytest.raises(FleetOptionsError, match=re.escape("must be one of json-seq (those")):
+        make(worker_settings={"UPSTREAM_PROTOCOL": "tickline"})
+
+
 @pytest.mark.parametrize(
     ("options", "option"),
     [

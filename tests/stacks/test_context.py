@@ -51,6 +51,7 @@ OVERRIDES = {
     "fleet:upstreamConnectBurst": "0",
     "fleet:upstreamConnectsPerSecond": "12.5",
     "fleet:allowedSecretPrefix": "ingest/feeds/",
+    "fleet:upstreamProtocols": json.dumps({"tickline": "tickline_plugin.protocol:factory"}),
 }
 
 
@@ -216,6 +217,23 @@ def test_the_secret_prefix_reaches_the_router_and_the_task_role(overridden: Synt
     assert "websocket-fleet/" not in json.dumps(overridden.resources)
 
 
+def test_the_protocol_registry_reaches_the_workers_and_the_router(overridden: Synthesized) -> None:
+    registered = '{"tickline":"tickline_plugin.protocol:factory"}'
+    assert overridden.settings.options.upstream_protocols == {
+        "tickline": "tickline_plugin.protocol:factory"
+    }
+    _, task = only(overridden.resources, "AWS::ECS::TaskDefinition")
+    (container,) = task["ContainerDefinitions"]
+    env = {e["Name"]: e["Value"] for e in container["Environment"]}
+    assert env["UPSTREAM_PROTOCOLS"] == registered
+    (function,) = [
+        f["Properties"]
+        for f in of_type(overridden.resources, "AWS::Lambda::Function").values()
+        if f["Properties"].get("Handler") == "lambdas.router.main.handler"
+    ]
+    assert function["Environment"]["Variables"]["UPSTREAM_PROTOCOLS"] == registered
+
+
 def _settings(context: dict[str, Any]) -> Any:
     return settings_from_context(cdk.App(context=context).node)
 
@@ -258,6 +276,10 @@ def _settings(context: dict[str, Any]) -> Any:
         ({"fleet:upstreamConnectsPerSecond": "-1"}, "upstreamConnectsPerSecond"),
         ({"fleet:upstreamConnectsPerSecond": "fast"}, "upstreamConnectsPerSecond"),
         ({"fleet:upstreamConnectsPerSecond": "inf"}, "upstreamConnectsPerSecond"),
+        ({"fleet:upstreamProtocols": "tickline"}, "upstreamProtocols"),
+        ({"fleet:upstreamProtocols": '["tickline"]'}, "upstreamProtocols"),
+        ({"fleet:upstreamProtocols": '{"live": "a.b:c"}'}, "upstreamProtocols: 'live' is a built"),
+        ({"fleet:upstreamProtocols": '{"tickline": "a-b:c"}'}, "upstreamProtocols: tickline: the"),
         ({ENVIRONMENT_KEY: "staging"}, "staging"),
         ({"fleet:eventBusName": "default"}, "default bus"),
         ({"fleet:eventBusName": "my bus"}, "eventBusName"),

@@ -5,6 +5,7 @@ plus questions about what its workers recorded."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +53,18 @@ class Fleet(Deployment):
     streams of the session's feed."""
 
     def __init__(
-        self, endpoints: Endpoints, work_dir: Path, *, table: str, queue: str, feed_base: str
+        self,
+        endpoints: Endpoints,
+        work_dir: Path,
+        *,
+        table: str,
+        queue: str,
+        feed_base: str,
+        upstream_protocols: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(endpoints, work_dir, table=table, queue=queue)
+        super().__init__(
+            endpoints, work_dir, table=table, queue=queue, upstream_protocols=upstream_protocols
+        )
         self.feed_base = feed_base
         self.worker_defaults.update({**WORKER_SETTINGS, **self.recording()})
 

@@ -1,3 +1,5 @@
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -173,7 +175,7 @@ def test_settings_names_every_variable_the_config_reads():
 
     names = {name for name, value in vars(config).items() if value == name}
     assert names == config.SETTINGS
-    assert len(config.SETTINGS) == 32
+    assert len(config.SETTINGS) == 33
     source = Path(config.__file__).read_text()
     read = re.findall(r"\(env, ([A-Z_]+)|env\.get\(([A-Z_]+)", source)
     assert read
@@ -281,4 +283,64 @@ def test_a_missing_accelerator_is_refused_at_start_not_at_synth(monkeypatch):
         settings.check_installed(config)
     settings.check_installed(
         WorkerConfig.from_env({**BASE, "EVENT_LOOP": "asyncio", "JSON_DECODER": "json"})
+    )
+
+
+# --- plug-in protocols by name (UPSTREAM_PROTOCOLS) ---------------------------------------
+
+
+def test_plugin_protocols_are_registered_by_name_and_one_may_be_the_default():
+    registry = {"acme-feed": "acme.feed:factory", "tickline": "examples.tickline.protocol:factory"}
+    env = BASE | {"UPSTREAM_PROTOCOLS": json.dumps(registry), "UPSTREAM_PROTOCOL": "acme-feed"}
+    config = WorkerConfig.from_env(env)
+    assert config.upstream_protocols == registry
+    assert config.upstream_protocol == "acme-feed"
+    plain = WorkerConfig.from_env(BASE | {"UPSTREAM_PROTOCOLS": " "})
+    assert (plain.upstream_protocols, plain.upstream_protocol) == ({}, "json-seq")
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("acme.feed:factory", "UPSTREAM_PROTOCOLS: is not JSON"),
+        ('["acme.feed:factory"]', "UPSTREAM_PROTOCOLS: must map names to factories"),
+        ('{"Acme": "acme.feed:factory"}', "'Acme' is not a protocol name"),
+        ('{"-acme": "acme.feed:factory"}', "'-acme' is not a protocol name"),
+        ('{"' + "a" * 64 + '": "acme.feed:factory"}', "is not a protocol name"),
+        ('{"live": "acme.feed:factory"}', "'live' is a built-in protocol"),
+        ('{"json-seq": "acme.feed:factory"}', "'json-seq' is a built-in protocol"),
+        ('{"acme": "acme.feed"}', "acme: the factory must look like 'package.module:factory'"),
+        ('{"acme": "acme feed:make"}', "must look like 'package.module:factory'"),
+        ('{"acme": 3}', "must look like 'package.module:factory', got 3"),
+        (json.dumps({f"p{n}": "a.b:c" for n in range(33)}), "33 protocols, more than 32"),
+        (json.dumps({f"p{n}": "a." + "b" * 90 + ":c" for n in range(20)}), "more than 2048"),
+    ],
+)
+def test_a_registry_that_cannot_work_is_refused_naming_the_entry(value, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        WorkerConfig.from_env(BASE | {"UPSTREAM_PROTOCOLS": value})
+
+
+@pytest.mark.parametrize(
+    ("default", "registry", "ok"),
+    [
+        ("json-seq", {}, True),
+        ("pkg.mod:make", {}, True),
+        ("acme-feed", {"acme-feed": "acme.feed:factory"}, True),
+        ("acme-feed", {}, False),
+        ("live", {}, False),
+        ("no-colon", {"acme-feed": "acme.feed:factory"}, False),
+    ],
+)
+def test_the_default_protocol_is_json_seq_a_registered_name_or_a_factory(default, registry, ok):
+    env = BASE | {"UPSTREAM_PROTOCOL": default, "UPSTREAM_PROTOCOLS": json.dumps(registry)}
+    if ok:
+        assert WorkerConfig.from_env(env).upstream_protocol == default
+        return
+    with pytest.raises(ConfigError) as refused:
+        WorkerConfig.from_env(env)
+    names = ", ".join(["json-seq", *registry])
+    assert str(refused.value) == (
+        f"UPSTREAM_PROTOCOL must be one of {names} (those registered in UPSTREAM_PROTOCOLS) "
+        f"or a 'package.module:factory', got {default!r}"
     )
