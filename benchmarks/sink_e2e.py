@@ -457,24 +457,10 @@ def create_destinations(
             firehose = services.local_client("firehose", endpoints.sqs, config=CLIENT_CONFIG)
             made.clients += [s3, firehose]
             bucket, name = f"sink-e2e-{suffix}", f"sink-e2e-{suffix}"
-            create_delivery_stream(firehose, s3, name, bucket)
+            local_sink.create_delivery_stream(firehose, s3, name, bucket)
             made.settings["SINK_DELIVERY_STREAM"] = name
             made.consumers[sink] = FirehoseConsumer(s3, deduper, bucket, rng=rng)
     return made
-
-
-def create_delivery_stream(firehose: Any, s3: Any, name: str, bucket: str) -> None:
-    """A Firehose delivery stream ``name`` into a new S3 bucket ``bucket``."""
-    s3.create_bucket(Bucket=bucket)
-    firehose.create_delivery_stream(
-        DeliveryStreamName=name,
-        DeliveryStreamType="DirectPut",
-        ExtendedS3DestinationConfiguration={
-            "RoleARN": "arn:aws:iam::123456789012:role/firehose",
-            "BucketARN": f"arn:aws:s3:::{bucket}",
-            "Prefix": "envelopes/",
-        },
-    )
 
 
 # --- the run ----------------------------------------------------------------------------

@@ -45,6 +45,23 @@ def create_stream(client: Any, name: str = STREAM_NAME, shards: int = SHARDS) ->
     return arn
 
 
+def create_delivery_stream(
+    firehose: Any, s3: Any, name: str, bucket: str, *, prefix: str = "envelopes/"
+) -> None:
+    """A Direct PUT Firehose delivery stream ``name`` into a new S3 bucket ``bucket``
+    (moto: the role is not checked)."""
+    s3.create_bucket(Bucket=bucket)
+    firehose.create_delivery_stream(
+        DeliveryStreamName=name,
+        DeliveryStreamType="DirectPut",
+        ExtendedS3DestinationConfiguration={
+            "RoleARN": "arn:aws:iam::123456789012:role/firehose",
+            "BucketARN": f"arn:aws:s3:::{bucket}",
+            "Prefix": prefix,
+        },
+    )
+
+
 def worker_settings_for(endpoints: Endpoints, stream: str = STREAM_NAME) -> dict[str, str]:
     """What makes a worker write every message to ``stream`` in the local moto."""
     return {

@@ -30,6 +30,7 @@ from benchmarks.faulty_aws import (
     parse_args,
 )
 from local_stack import services
+from local_stack.sink import create_delivery_stream
 from tests.conftest import unique_name
 from tests.support.stores import eventually
 from worker.delivery import Delivery
@@ -190,16 +191,7 @@ def delivery_stream(moto_endpoint: str) -> Iterator[tuple[str, Any, str]]:
     firehose = client("firehose", moto_endpoint)
     bucket = unique_name("faulty")
     name = unique_name("faulty-to-s3")
-    s3.create_bucket(Bucket=bucket)
-    firehose.create_delivery_stream(
-        DeliveryStreamName=name,
-        DeliveryStreamType="DirectPut",
-        ExtendedS3DestinationConfiguration={
-            "RoleARN": "arn:aws:iam::123456789012:role/firehose",
-            "BucketARN": f"arn:aws:s3:::{bucket}",
-            "Prefix": "messages/",
-        },
-    )
+    create_delivery_stream(firehose, s3, name, bucket, prefix="messages/")
     yield name, s3, bucket
     firehose.delete_delivery_stream(DeliveryStreamName=name)
     firehose.close()

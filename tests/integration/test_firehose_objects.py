@@ -13,6 +13,7 @@ import pytest
 
 from local_stack import services
 from local_stack.fleet import CLIENT_CONFIG
+from local_stack.sink import create_delivery_stream
 from tests.conftest import unique_name
 from tests.support.stores import eventually
 from worker.delivery import Delivery
@@ -43,17 +44,7 @@ def delivery_stream(moto_endpoint: str) -> Iterator[tuple[str, Any, Any, str]]:
     firehose = client("firehose", moto_endpoint)
     bucket = unique_name("envelopes")
     name = unique_name("to-s3")
-    s3.create_bucket(Bucket=bucket)
-    firehose.create_delivery_stream(
-        DeliveryStreamName=name,
-        DeliveryStreamType="DirectPut",
-        ExtendedS3DestinationConfiguration={
-            "RoleARN": "arn:aws:iam::123456789012:role/firehose",
-            "BucketARN": f"arn:aws:s3:::{bucket}",
-            "Prefix": "messages/",
-            "BufferingHints": {"SizeInMBs": 1, "IntervalInSeconds": 60},
-        },
-    )
+    create_delivery_stream(firehose, s3, name, bucket, prefix="messages/")
     yield name, firehose, s3, bucket
     firehose.delete_delivery_stream(DeliveryStreamName=name)
     firehose.close()

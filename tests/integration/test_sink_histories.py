@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 
 from local_stack import services
 from local_stack.fleet import CLIENT_CONFIG
-from local_stack.sink import create_stream
+from local_stack.sink import create_delivery_stream, create_stream
 from tests.conftest import unique_name
+from tests.support.destinations import drain_fifo, read_shard
 from tests.support.refusing_clients import (
     CutCallError,
     RefusingFirehose,
@@ -158,32 +159,6 @@ def aws(dynamodb_endpoint: str, moto_endpoint: str) -> Iterator[dict[str, Any]]:
         clients[name].close()
 
 
-def read_kinesis(kinesis: Any, stream: str) -> list[Envelope]:
-    shard = kinesis.list_shards(StreamName=stream)["Shards"][0]["ShardId"]
-    iterator = kinesis.get_shard_iterator(
-        StreamName=stream, ShardId=shard, ShardIteratorType="TRIM_HORIZON"
-    )["ShardIterator"]
-    got: list[Envelope] = []
-    while True:
-        answer = kinesis.get_records(ShardIterator=iterator, Limit=1000)
-        got += [Envelope.from_bytes(r["Data"]) for r in answer["Records"]]
-        if not answer["Records"]:
-            return got
-        iterator = answer["NextShardIterator"]
-
-
-def read_fifo(sqs: Any, url: str) -> list[Envelope]:
-    got: list[Envelope] = []
-    while True:
-        answer = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0)
-        messages = answer.get("Messages", [])
-        if not messages:
-            return got
-        for message in messages:
-            got.append(Envelope.from_bytes(message["Body"].encode()))
-            sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
-
-
 def check_ordered_recipe(deduper: Deduper, envelopes: list[Envelope], history: History) -> None:
     """The ordered recipe over what the transport holds, in its order."""
     applied: list[int] = []
@@ -238,7 +213,7 @@ def test_kinesis_histories_apply_every_checkpointed_message_once_in_order(aws, h
         assert done.checkpoint == LAST_SEQ
         assert not client.held
         deduper = Deduper(aws["dynamodb"], aws["dedup_table"])
-        envelopes = read_kinesis(kinesis, stream)
+        envelopes = read_shard(kinesis, stream)
         check_ordered_recipe(deduper, envelopes, done)
     finally:
         kinesis.delete_stream(StreamName=stream)
@@ -263,7 +238,7 @@ def test_sqs_fifo_histories_apply_every_checkpointed_message_once_in_order(aws, 
         assert done.checkpoint == LAST_SEQ
         assert not client.held
         deduper = Deduper(aws["dynamodb"], aws["dedup_table"])
-        check_ordered_recipe(deduper, read_fifo(sqs, url), done)
+        check_ordered_recipe(deduper, drain_fifo(sqs, url), done)
     finally:
         sqs.delete_queue(QueueUrl=url)
 
@@ -277,16 +252,7 @@ def test_firehose_histories_read_in_any_order_apply_every_checkpointed_message_o
     recipe (``wsfleet.firehose_objects``)."""
     firehose, s3 = aws["firehose"], aws["s3"]
     bucket, name = unique_name("hist"), unique_name("hist")
-    s3.create_bucket(Bucket=bucket)
-    firehose.create_delivery_stream(
-        DeliveryStreamName=name,
-        DeliveryStreamType="DirectPut",
-        ExtendedS3DestinationConfiguration={
-            "RoleARN": "arn:aws:iam::123456789012:role/firehose",
-            "BucketARN": f"arn:aws:s3:::{bucket}",
-            "Prefix": "m/",
-        },
-    )
+    create_delivery_stream(firehose, s3, name, bucket, prefix="m/")
     try:
         client = RefusingFirehose(firehose, draw_refusals(data))
         settings_ = SinkSettings(name, max_attempts=MAX_ATTEMPTS)

@@ -16,6 +16,7 @@ from local_stack import services
 from local_stack.fleet import CLIENT_CONFIG
 from local_stack.sink import create_stream
 from tests.conftest import unique_name
+from tests.support.destinations import drain_fifo, read_shard
 from tests.support.refusing_clients import RefusingSqs
 from worker.delivery import Delivery
 from worker.sinks.kinesis import KinesisSink
@@ -69,35 +70,6 @@ def stream(kinesis: Any) -> Iterator[str]:
     create_stream(kinesis, name, shards=1)
     yield name
     kinesis.delete_stream(StreamName=name)
-
-
-def read_shard(kinesis: Any, stream: str) -> list[Envelope]:
-    """Every record of the stream's one shard, in the shard's order."""
-    shard = kinesis.list_shards(StreamName=stream)["Shards"][0]["ShardId"]
-    iterator = kinesis.get_shard_iterator(
-        StreamName=stream, ShardId=shard, ShardIteratorType="TRIM_HORIZON"
-    )["ShardIterator"]
-    got: list[Envelope] = []
-    while True:
-        answer = kinesis.get_records(ShardIterator=iterator, Limit=1000)
-        got += [Envelope.from_bytes(r["Data"]) for r in answer["Records"]]
-        if not answer["Records"] and answer.get("MillisBehindLatest", 0) == 0:
-            return got
-        iterator = answer["NextShardIterator"]
-
-
-def drain_fifo(sqs: Any, url: str) -> list[Envelope]:
-    """Every message of the queue, in the order received (deleted as received), until
-    a receive finds none."""
-    got: list[Envelope] = []
-    while True:
-        answer = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0)
-        messages = answer.get("Messages", [])
-        if not messages:
-            return got
-        for message in messages:
-            got.append(Envelope.from_bytes(message["Body"].encode()))
-            sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
 
 
 def apply_all(deduper: Deduper, envelopes: list[Envelope]) -> list[tuple[int, int]]:

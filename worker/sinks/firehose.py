@@ -22,8 +22,8 @@ from worker.sinks.sending import (
     Refusal,
     SetAsideReport,
     SinkSender,
-    default_rng,
     run_blocking,
+    sender_for,
     wall_ms,
 )
 from worker.sinks.settings import SinkSettings
@@ -66,12 +66,12 @@ class FirehoseSink:
         self._settings = settings
         self._executor = executor
         self._clock_ms = clock_ms
-        self._sender: SinkSender[Entry] = SinkSender(
-            limits=FIREHOSE_LIMITS,
-            destination=settings.destination,
-            max_attempts=settings.max_attempts,
+        self._sender: SinkSender[Entry] = sender_for(
+            FIREHOSE_LIMITS,
+            settings.destination,
+            settings.max_attempts,
             report=report,
-            rng=rng or default_rng(),
+            rng=rng,
             sleep=sleep,
         )
 

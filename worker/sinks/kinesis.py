@@ -22,8 +22,8 @@ from worker.sinks.sending import (
     Refusal,
     SetAsideReport,
     SinkSender,
-    default_rng,
     run_blocking,
+    sender_for,
     wall_ms,
 )
 from worker.sinks.settings import SinkSettings
@@ -88,13 +88,8 @@ class KinesisSink:
         self._target = {"StreamARN" if arn else "StreamName": stream}
         self._executor = executor
         self._clock_ms = clock_ms
-        self._sender: SinkSender[Entry] = SinkSender(
-            limits=KINESIS_LIMITS,
-            destination=stream,
-            max_attempts=settings.max_attempts,
-            report=report,
-            rng=rng or default_rng(),
-            sleep=sleep,
+        self._sender: SinkSender[Entry] = sender_for(
+            KINESIS_LIMITS, stream, settings.max_attempts, report=report, rng=rng, sleep=sleep
         )
 
     async def handle_batch(self, deliveries: Sequence[Delivery]) -> None:

@@ -373,6 +373,26 @@ def _warn_at(rounds: int) -> bool:
     return rest == 0 and tens > 0 and tens & (tens - 1) == 0
 
 
+def sender_for(
+    limits: Limits,
+    destination: str,
+    max_attempts: int,
+    *,
+    report: SetAsideReport,
+    rng: Callable[[], float] | None,
+    sleep: Callable[[float], Awaitable[None]],
+) -> SinkSender[Any]:
+    """A sink's :class:`SinkSender` (``rng`` None: a random source of its own)."""
+    return SinkSender(
+        limits=limits,
+        destination=destination,
+        max_attempts=max_attempts,
+        report=report,
+        rng=rng or default_rng(),
+        sleep=sleep,
+    )
+
+
 async def run_blocking(executor: Executor | None, call: Callable[[], T]) -> T:
     """``call`` (a boto3 call, which blocks) on ``executor`` (None: the loop's
     default executor)."""

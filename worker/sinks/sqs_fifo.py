@@ -27,6 +27,7 @@ from worker.sinks.sending import (
     SinkSender,
     default_rng,
     run_blocking,
+    sender_for,
     wall_ms,
 )
 from worker.sinks.settings import SinkSettings
@@ -80,10 +81,10 @@ class SqsFifoSink:
         self._executor = executor
         self._clock_ms = clock_ms
         self._rng = rng or default_rng()
-        self._sender: SinkSender[Entry] = SinkSender(
-            limits=SQS_LIMITS,
-            destination=settings.destination,
-            max_attempts=settings.max_attempts,
+        self._sender: SinkSender[Entry] = sender_for(
+            SQS_LIMITS,
+            settings.destination,
+            settings.max_attempts,
             report=report,
             rng=self._rng,
             sleep=sleep,
