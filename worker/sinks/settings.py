@@ -23,8 +23,10 @@ SINK_QUEUE_URL: Final = "SINK_QUEUE_URL"
 SINK_MAX_ATTEMPTS: Final = "SINK_MAX_ATTEMPTS"
 
 DEFAULT_MAX_ATTEMPTS: Final = 5
-"""How many times a sink sends one record within one batch call before it gives up
-and fails the call (the worker then retries the whole batch, with its own backoff)."""
+"""How many times a sink sends one record refused for a reason that is not a throttle
+within one batch call before it gives up and fails the call (the worker then sends
+the batch again, leaving out what the call landed in order). Throttled records are
+sent again without limit (:mod:`worker.sinks.sending`)."""
 MAX_ATTEMPTS_LIMIT: Final = 20
 
 SinkKind = Literal["kinesis", "firehose", "sqs_fifo"]
@@ -46,7 +48,8 @@ class SinkSettings:
     """The Kinesis stream (name or ARN), the Firehose delivery stream's name, or the
     SQS FIFO queue's URL."""
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    """Sends of one record within one batch call (>= 1)."""
+    """Sends of one record refused other than by a throttle, within one batch call
+    (>= 1)."""
 
     @classmethod
     def from_env(cls, kind: SinkKind, env: Mapping[str, str] | None = None) -> SinkSettings:
