@@ -114,14 +114,18 @@ class UpstreamLink:
                             "from_seq": self._state.checkpoint + 1,
                         },
                     )
-                    link = _Link(ws, self._state, s.wall_ms, connection_id)
-                    hook = asyncio.create_task(_attached(self._protocol, link))
-                    try:
+                    if getattr(self._protocol, "attached", None) is None:
+                        # No hook: no task beside the pump (one per connection adds up).
                         left_because = await consume(ws)
-                    finally:
-                        hook.cancel()
-                        await asyncio.gather(hook, return_exceptions=True)
-                    left_because = left_because or link.recycled
+                    else:
+                        link = _Link(ws, self._state, s.wall_ms, connection_id)
+                        hook = asyncio.create_task(_attached(self._protocol, link))
+                        try:
+                            left_because = await consume(ws)
+                        finally:
+                            hook.cancel()
+                            await asyncio.gather(hook, return_exceptions=True)
+                        left_because = left_because or link.recycled
             except Exception as error:
                 failure = error
                 log.warning(
@@ -232,6 +236,8 @@ class UpstreamLink:
     async def _resolve(self, url: str, credentials: Credentials) -> str:
         """The protocol's ``resolve_url`` step, bounded as a connect is; before every
         connect, since what a service hands out may be good for one connect only."""
+        if getattr(self._protocol, "resolve_url", None) is None:
+            return url  # no step: no timer either, the connect goes as before
         try:
             async with asyncio.timeout(self._s.open_timeout):
                 return await resolve_url(
