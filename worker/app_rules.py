@@ -16,6 +16,8 @@ from worker import json_decoding
 from wsfleet.protocol_specs import render_frame, resolve_pointer
 
 _NOT_JSON: Final = object()
+_UNREAD: Final = object()
+"""Not decoded yet (``None`` is a JSON value: null)."""
 
 
 class FrameView:
@@ -25,12 +27,12 @@ class FrameView:
 
     def __init__(self, data: str | bytes) -> None:
         self.data = data
-        self._doc: Any = None
+        self._doc: Any = _UNREAD
 
     @property
     def doc(self) -> Any:
         """The JSON value, or :data:`_NOT_JSON`."""
-        if self._doc is None:
+        if self._doc is _UNREAD:
             try:
                 self._doc = json_decoding.loads(self.data)
             except (ValueError, RecursionError):

@@ -150,17 +150,9 @@ def new_metrics() -> FleetMetrics:
     )
 
 
-def make_runner(
-    store: FakeStore,
-    handler: Recorder,
-    url: str,
-    *,
-    deadline: float | None = None,
-    **overrides: Any,
-) -> ConnectionRunner:
-    """``deadline``: the session's fence deadline at the acquire (by default, as if the
-    session had been renewed this instant); ``overrides``: ConnectionSettings fields
-    to set (metrics, rng, ping_interval...)."""
+def runner_settings(store: FakeStore, handler: Recorder, **overrides: Any) -> ConnectionSettings:
+    """A test worker's connection settings; ``overrides``: fields to set (metrics,
+    rng, ping_interval, secrets, plugins...)."""
     settings = ConnectionSettings(
         store=store,  # type: ignore[arg-type]
         handler=handler,
@@ -172,7 +164,21 @@ def make_runner(
         rng=random.Random(1),
         ping_interval=1.0,
     )
-    settings = dataclasses.replace(settings, **overrides)
+    return dataclasses.replace(settings, **overrides)
+
+
+def make_runner(
+    store: FakeStore,
+    handler: Recorder,
+    url: str,
+    *,
+    deadline: float | None = None,
+    **overrides: Any,
+) -> ConnectionRunner:
+    """``deadline``: the session's fence deadline at the acquire (by default, as if the
+    session had been renewed this instant); ``overrides``: ConnectionSettings fields
+    to set (metrics, rng, ping_interval...)."""
+    settings = runner_settings(store, handler, **overrides)
     lease = Lease("c1", "w-test", EPOCH, 1, url, 0, session_gen=1, seq_gen=SEQ_GEN)
     loop = asyncio.get_running_loop()
     return ConnectionRunner(

@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import random
-import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -21,7 +19,13 @@ from websockets.asyncio.server import ServerConnection
 from examples.tickline.fake_feed import TicklineFeed
 from examples.tickline.fake_feed import serving as serving_tickline
 from examples.tickline.protocol import factory as tickline_factory
-from tests.unit.test_connection_runner import TIMING, FakeStore, Recorder, new_metrics, wait_for
+from tests.unit.test_connection_runner import (
+    TIMING,
+    FakeStore,
+    Recorder,
+    runner_settings,
+    wait_for,
+)
 from tests.unit.test_runner_upstreams import REF, Secrets, Upstream, run, serving
 from worker.connection import ConnectionRunner
 from worker.connection_settings import ConnectionSettings
@@ -67,19 +71,7 @@ def shared_settings(
     handler: Recorder, store: FakeStore, plugins: ProtocolPlugins, **overrides: Any
 ) -> ConnectionSettings:
     """What every connection of one worker shares."""
-    settings = ConnectionSettings(
-        store=store,  # type: ignore[arg-type]
-        handler=handler,
-        protocol=JsonSeqProtocol(),
-        metrics=new_metrics(),
-        timing=TIMING,
-        worker_id="w-test",
-        wall_ms=lambda: time.time_ns() // 1_000_000,
-        rng=random.Random(1),
-        ping_interval=1.0,
-        plugins=plugins,
-    )
-    return dataclasses.replace(settings, **overrides)
+    return runner_settings(store, handler, plugins=plugins, **overrides)
 
 
 def runner(

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import gzip
 import json
 import logging
-import random
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -25,12 +23,17 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from tests.unit.test_connection_runner import TIMING, FakeStore, Recorder, new_metrics, wait_for
+from tests.unit.test_connection_runner import (
+    TIMING,
+    FakeStore,
+    Recorder,
+    new_metrics,
+    runner_settings,
+    wait_for,
+)
 from worker.connection import ConnectionRunner, Outcome
-from worker.connection_settings import ConnectionSettings
 from worker.connection_state import Ending
 from worker.credentials import SecretCache, SecretError
-from worker.upstream_protocol import JsonSeqProtocol
 from wsfleet import metric_names as m
 from wsfleet.lease_rules import Lease
 from wsfleet.protocol_specs import parse_spec
@@ -139,19 +142,8 @@ def runner_for(
     stored = protocol if isinstance(protocol, str) or protocol is None else None
     if isinstance(protocol, dict):
         stored = parse_spec(protocol).to_item()
-    settings = ConnectionSettings(
-        store=store,  # type: ignore[arg-type]
-        handler=handler,
-        protocol=JsonSeqProtocol(),
-        metrics=new_metrics(),
-        timing=TIMING,
-        worker_id="w-test",
-        wall_ms=lambda: time.time_ns() // 1_000_000,
-        rng=random.Random(1),
-        ping_interval=1.0,
-        secrets=None if secrets is None else SecretCache(secrets.read, ttl=300),
-    )
-    settings = dataclasses.replace(settings, **overrides)
+    secret_cache = None if secrets is None else SecretCache(secrets.read, ttl=300)
+    settings = runner_settings(store, handler, **{"secrets": secret_cache, **overrides})
     lease = Lease(
         "c1",
         "w-test",
