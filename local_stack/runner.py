@@ -574,8 +574,17 @@ def handler_settings(options: Options) -> dict[str, str]:
     return settings
 
 
+#: What the workers are started with instead of an interpreter (``<it> -m worker``):
+#: ``run-local.sh --containers`` sets a shim that runs each worker in the image.
+WORKER_PYTHON_ENV: Final = "LOCAL_STACK_WORKER_PYTHON"
+
+
 def worker_python(options: Options) -> str:
-    """The handler directory's virtualenv, or this interpreter."""
+    """$LOCAL_STACK_WORKER_PYTHON, the handler directory's virtualenv, or this
+    interpreter."""
+    override = os.environ.get(WORKER_PYTHON_ENV)
+    if override:
+        return override
     if options.handler_dir is None:
         return sys.executable
     return str(check_handler.venv_python(options.handler_venv))
@@ -584,8 +593,8 @@ def worker_python(options: Options) -> str:
 def prepare_handler(options: Options) -> bool:
     """Build (or reuse) the handler directory's virtualenv: the worker's pins and the
     handler's requirements, as the image installs them. False when that fails."""
-    if options.handler_dir is None:
-        return True
+    if options.handler_dir is None or os.environ.get(WORKER_PYTHON_ENV):
+        return True  # (in the image, with its requirements, for --containers)
     print(
         f"local stack: handler {options.handler} from {options.handler_dir}; its virtualenv "
         f"is {options.handler_venv}",

@@ -3,6 +3,7 @@
 # Java 17 (for DynamoDB Local) and Node.js/npm from Debian when absent, the Python
 # environment in .venv (pinned requirements) and the npm packages (package-lock.json).
 # Safe to run again: it does nothing when all is in place.
+# --image-tools: also the tools that build and run the worker image (scripts/image-tools.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,4 +49,10 @@ if ! stamp_ok node_modules/.package-lock.sha256 package-lock.json; then
   log "installing npm packages (npm ci)"
   npm ci --no-audit --no-fund --loglevel=error
   write_stamp node_modules/.package-lock.sha256 package-lock.json
+fi
+
+# Optional: buildah, runc, debootstrap and the stand-in base image (test.sh and
+# run-local.sh --containers ask for them).
+if [ "${1:-}" = "--image-tools" ]; then
+  bash scripts/image-tools.sh
 fi
