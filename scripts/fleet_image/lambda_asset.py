@@ -83,9 +83,14 @@ def function_spec(template: Mapping[str, Any], outdir: Path, handler: str) -> Fu
         raise LambdaAssetError(f"expected one function with handler {handler}, found {len(found)}")
     ((logical_id, resource),) = found
     properties = resource["Properties"]
+    # The CLI records the staged folder in the metadata; without it (a synth in
+    # process) the folder is named after the asset's hash, the S3 key's stem.
     asset = resource.get("Metadata", {}).get("aws:asset:path")
     if not asset:
-        raise LambdaAssetError(f"{logical_id} has no staged asset (aws:asset:path)")
+        key = str(properties.get("Code", {}).get("S3Key", ""))
+        if not key.endswith(".zip"):
+            raise LambdaAssetError(f"{logical_id} has no staged asset")
+        asset = f"asset.{key.removesuffix('.zip')}"
     return FunctionSpec(
         logical_id=logical_id,
         handler=handler,
@@ -98,13 +103,14 @@ def function_spec(template: Mapping[str, Any], outdir: Path, handler: str) -> Fu
 
 
 def find_python(version: str) -> Path:
-    """An interpreter of ``version`` (``3.12``): on PATH, or a pyenv build."""
-    on_path = shutil.which(f"python{version}")
-    if on_path:
-        return Path(on_path)
+    """An interpreter of ``version`` (``3.12``): a pyenv build, or one on PATH (not
+    pyenv's shim, which fails for a version that is not selected)."""
     builds = sorted(PYENV_VERSIONS.glob(f"{version}.*/bin/python{version}"))
     if builds:
         return builds[-1]
+    on_path = shutil.which(f"python{version}")
+    if on_path and "/shims/" not in on_path:
+        return Path(on_path)
     raise LambdaAssetError(
         f"no Python {version} (the runtime's) on PATH or under {PYENV_VERSIONS}: install one"
     )
