@@ -4,7 +4,11 @@
 # `cdk synth` under cdk-nag.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/bootstrap.sh
+# With the image tools: buildah, runc, debootstrap (apt) and the stand-in base (cached
+# in ~/.cache/websocket-fleet/), for the image tests in tests/image/.
+bash scripts/bootstrap.sh --image-tools
+# The image and Lambda asset tests must run here, never skip for want of a tool.
+export WSFLEET_REQUIRE_IMAGE_TOOLS=1
 
 export PATH="$PWD/.venv/bin:$PATH"
 # Tests start their own DynamoDB Local and moto servers on free ports; make sure no
@@ -18,6 +22,10 @@ ruff check .
 ruff format --check .
 echo "== mypy"
 mypy
+mypy --strict scripts/fleet_image
+echo "== worker image: hadolint, and the lock against the pins (regenerated from PyPI)"
+python -m scripts.fleet_image lint
+python -m scripts.fleet_image check-lock
 # The simulator's seeds (docs/TESTING.md, "The simulator") run beside pytest on the
 # CPU it leaves idle (SCHED_IDLE: they never take a core from a test), then on both
 # cores once pytest is done. SIM_CI_SEEDS=0 leaves them out.

@@ -5,7 +5,8 @@ Docker. A CI that builds the image itself (for ``WorkerHandler.from_image``) sta
 same context with ``python -m websocket_fleet.image_context OUT [--handler-dir DIR]``
 and runs ``docker build -f OUT/worker/Dockerfile OUT``.
 
-    OUT/worker/            the worker package, its Dockerfile and requirements.txt
+    OUT/worker/            the worker package, its Dockerfile, requirements.txt (the
+                           pins) and requirements.lock (every dependency, hashed)
     OUT/wsfleet/           the shared package
     OUT/handler/           the handler directory (empty without one), on PYTHONPATH
     OUT/handler/requirements.txt   installed next to the worker's pins (empty if none)
@@ -29,6 +30,8 @@ from websocket_fleet.sources import project_sources
 DOCKERFILE: Final = "worker/Dockerfile"
 """Relative to the context."""
 HANDLER_FOLDER: Final = "handler"
+LOCK_FILE: Final = "worker/requirements.lock"
+"""Relative to the context: what the image installs, with ``--require-hashes``."""
 VERSION_BUILD_ARG: Final = "WEBSOCKET_FLEET_VERSION"
 """The image's ``org.opencontainers.image.version`` label."""
 LEFT_OUT: Final = (
@@ -55,6 +58,12 @@ def stage(into: Path, handler_dir: Path | None = None) -> Path:
         raise FileExistsError(f"{into} is not empty")
     ignore = shutil.ignore_patterns(*LEFT_OUT)
     shutil.copytree(sources.worker, into / "worker", ignore=ignore)
+    if not (into / LOCK_FILE).is_file():
+        # The Dockerfile installs from it: without it the image could not be built.
+        raise FileNotFoundError(
+            f"{sources.worker / 'requirements.lock'} is missing: the image installs from it "
+            "(reinstall the package, or regenerate it with scripts/image.sh lock)"
+        )
     shutil.copytree(sources.wsfleet, into / "wsfleet", ignore=ignore)
     handler = into / HANDLER_FOLDER
     if handler_dir is None:
