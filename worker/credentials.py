@@ -3,13 +3,17 @@
 A connection whose item names a secret (``auth_secret``) connects with what that
 Secrets Manager secret holds: a SecretString with a JSON object
 
-    {"headers": {"X-API-Key": "..."}, "query": {"token": "..."}, "<field>": "..."}
+    {"headers": {"X-API-Key": "..."}, "query": {"token": "..."}, "<field>": "...",
+     "tls": {"cert": "<PEM>", "key": "<PEM>", "password": "...", "ca": "<PEM>"}}
 
 ``headers`` go into the WebSocket handshake, ``query`` parameters into the URL of
 that attempt only, and other string fields fill ``${secret:<field>}`` placeholders of
-a subscribe frame. A value read is cached per reference for ``SECRET_CACHE_SECONDS``
-and read again at once when the upstream refuses the handshake with 401 or 403 (a
-rotated secret).
+a subscribe frame. ``tls`` makes the TLS context of a ``wss://`` connect: a client
+certificate (``cert``, its chain after it, and ``key``, which ``password`` decrypts),
+and CAs trusted for this upstream besides the system's (``ca``); every part optional
+but ``cert`` and ``key`` go together. A value read is cached per reference for
+``SECRET_CACHE_SECONDS`` and read again at once when the upstream refuses the
+handshake with 401 or 403, or ends the TLS handshake (a rotated secret).
 
 A secret's value never reaches a log line, an exception's text, the table or a
 metric: errors carry the reference and the error's class or code only, and
@@ -19,10 +23,14 @@ metric: errors carry the reference and the error's class or code only, and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import re
+import ssl
+import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -32,6 +40,10 @@ NOT_AN_OBJECT: Final = "secret is not a JSON object with headers/query"
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 """An HTTP header name (RFC 9110 token)."""
 _PARTS: Final = ("headers", "query")
+_TLS: Final = "tls"
+_TLS_FIELDS: Final = frozenset(("cert", "key", "password", "ca"))
+NOT_TLS: Final = "secret tls is not an object of PEM strings: cert, key, password, ca"
+WSS_ONLY: Final = "secret has tls: the upstream URL must be wss://"
 
 
 class SecretError(Exception):
@@ -53,12 +65,15 @@ class Credentials:
     headers: Mapping[str, str] = field(default_factory=dict)
     query: Mapping[str, str] = field(default_factory=dict)
     fields: Mapping[str, str] = field(default_factory=dict)
+    tls: ssl.SSLContext | None = None
+    """The context of a ``wss://`` connect, from the secret's ``tls`` (None: websockets'
+    default one)."""
 
     def __repr__(self) -> str:
         # Names only: a Credentials that ends up in a log or a traceback shows no value.
         return (
             f"Credentials(headers={sorted(self.headers)}, query={sorted(self.query)}, "
-            f"fields={sorted(self.fields)})"
+            f"fields={sorted(self.fields)}, tls={self.tls is not None})"
         )
 
 
@@ -68,7 +83,9 @@ NO_CREDENTIALS: Final = Credentials()
 def parse_secret(reference: str, text: str | None) -> Credentials:
     """The credentials in a SecretString (None: the secret has a binary value only).
     Raises :class:`SecretError` with :data:`NOT_AN_OBJECT` (or the name of a header
-    that cannot be sent) when it is not usable; never with the value."""
+    that cannot be sent, or what is wrong with ``tls``) when it is not usable; never
+    with the value. Blocking when the secret has ``tls`` (the system's CAs are read
+    from disk)."""
     if text is None:
         raise SecretError(reference, NOT_AN_OBJECT)
     try:
@@ -88,8 +105,116 @@ def parse_secret(reference: str, text: str | None) -> Credentials:
     for name, value in parts["headers"].items():
         if not _TOKEN.match(name) or any(c in value for c in "\r\n\0"):
             raise SecretError(reference, f"secret header {name[:64]!r} cannot be sent")
-    fields = {k: v for k, v in doc.items() if k not in _PARTS and isinstance(v, str)}
-    return Credentials(headers=parts["headers"], query=parts["query"], fields=fields)
+    fields = {k: v for k, v in doc.items() if k not in _PARTS and k != _TLS and isinstance(v, str)}
+    tls = None if _TLS not in doc else tls_context(reference, doc[_TLS])
+    return Credentials(headers=parts["headers"], query=parts["query"], fields=fields, tls=tls)
+
+
+def tls_context(reference: str, part: object) -> ssl.SSLContext:
+    """The client context a secret's ``tls`` makes: the default one (the server's
+    certificate verified against the system's CAs, its host name checked), with
+    ``ca`` trusted too, and ``cert`` and ``key`` presented when the server asks.
+    Raises :class:`SecretError` saying which field is wrong, never with its value."""
+    if (
+        not isinstance(part, dict)
+        or not part
+        or not part.keys() <= _TLS_FIELDS
+        or not all(isinstance(v, str) for v in part.values())
+    ):
+        raise SecretError(reference, NOT_TLS)
+    if ("cert" in part) != ("key" in part):
+        raise SecretError(reference, "secret tls needs both cert and key")
+    context = ssl.create_default_context()
+    if "ca" in part:
+        try:
+            context.load_verify_locations(cadata=part["ca"])
+        except (ssl.SSLError, ValueError):
+            raise SecretError(reference, "secret tls.ca is not PEM certificates") from None
+    if "cert" in part:
+        _load_client_certificate(
+            reference, context, part["cert"], part["key"], part.get("password")
+        )
+    return context
+
+
+class _NoPasswordError(Exception):
+    """The key is encrypted and the secret has no password for it."""
+
+
+def _load_client_certificate(
+    reference: str, context: ssl.SSLContext, cert: str, key: str, password: str | None
+) -> None:
+    try:
+        # Parsed in memory first, so that what load_cert_chain refuses is the key.
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=cert)
+    except (ssl.SSLError, ValueError):
+        raise SecretError(reference, "secret tls.cert is not a PEM certificate") from None
+
+    def no_password() -> str:
+        # Without a callback OpenSSL would prompt on the terminal, and wait.
+        raise _NoPasswordError
+
+    try:
+        with _pem_file(f"{cert}\n{key}\n") as path:
+            context.load_cert_chain(path, password=no_password if password is None else password)
+    except _NoPasswordError:
+        reason = "secret tls.key is encrypted and tls.password is missing"
+        raise SecretError(reference, reason) from None
+    except ssl.SSLError as error:
+        if error.reason == "KEY_VALUES_MISMATCH":
+            reason = "secret tls.key does not match tls.cert"
+        elif password is not None and "ENCRYPTED" in key:
+            reason = "secret tls.key cannot be read with tls.password"
+        else:
+            reason = "secret tls.key is not a PEM private key"
+        raise SecretError(reference, reason) from None
+
+
+@contextlib.contextmanager
+def _pem_file(text: str) -> Iterator[str]:
+    """A path OpenSSL can read ``text`` from, gone when the block ends: ``ssl`` loads a
+    certificate's key from a file only.
+
+    On Linux, an anonymous memory file (``memfd_create``) opened through
+    ``/proc/self/fd``: it has no name in any directory (unlike a file in ``/dev/shm``,
+    which is in memory too but listed there for its lifetime), is never written to a
+    disk, and is freed when its descriptor is closed. Elsewhere, a file of mode 0600
+    in a fresh directory of mode 0700 that :func:`tempfile.mkdtemp` names at random,
+    deleted with its directory at the end of the block."""
+    data = text.encode()
+    memfd_create = getattr(os, "memfd_create", None)
+    if memfd_create is not None and os.path.isdir("/proc/self/fd"):
+        try:
+            fd = memfd_create("tls-client-key", os.MFD_CLOEXEC)
+        except OSError:
+            pass  # refused (a seccomp profile): the file below
+        else:
+            try:
+                os.fchmod(fd, 0o600)  # opened by path: the owner only
+                _write_all(fd, data)
+                yield f"/proc/self/fd/{fd}"
+            finally:
+                os.close(fd)
+            return
+    directory = tempfile.mkdtemp(prefix="tls-")
+    path = os.path.join(directory, "client.pem")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            _write_all(fd, data)
+        finally:
+            os.close(fd)
+        yield path
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.rmdir(directory)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def secrets_manager_reader(client: Any) -> Callable[[str], str | None]:
@@ -173,8 +298,8 @@ class SecretCache:
     async def _load(self, reference: str) -> Credentials:
         loop = asyncio.get_running_loop()
         self.reads += 1
-        text = await loop.run_in_executor(None, self._read, reference)
-        credentials = parse_secret(reference, text)
+        # Parsed on the executor too: a tls part reads the system's CAs from disk.
+        credentials = await loop.run_in_executor(None, self._read_credentials, reference)
         now = self._clock()
         self._entries = {
             ref: entry for ref, entry in self._entries.items() if now - entry.read_at < self._ttl
@@ -182,6 +307,9 @@ class SecretCache:
         if self._ttl > 0:
             self._entries[reference] = _Entry(credentials, now)
         return credentials
+
+    def _read_credentials(self, reference: str) -> Credentials:
+        return parse_secret(reference, self._read(reference))
 
     def _read_done(self, reference: str, done: asyncio.Future[Credentials]) -> None:
         if self._reading.get(reference) is done:

@@ -12,7 +12,8 @@ Two rules (docs/DESIGN.md §4.4, "Parking"):
 :class:`FailingClock` is fed the wall time (epoch ms) of each failed attempt and of
 each handled message, and answers what to do; the runner makes the writes it asks for.
 Reasons are short and free of URLs, so no query string or credential ends up in the
-table.
+table. :func:`client_certificate_refused` tells the link when a TLS handshake ended by
+the upstream is worth reading the connection's secret again (a rotated certificate).
 """
 
 from __future__ import annotations
@@ -57,6 +58,46 @@ def http_status(error: BaseException | None) -> int | None:
     return None
 
 
+CERTIFICATE_ALERTS = frozenset(
+    (
+        "SSLV3_ALERT_HANDSHAKE_FAILURE",  # TLS 1.2: no certificate where one is required
+        "SSLV3_ALERT_BAD_CERTIFICATE",
+        "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE",
+        "SSLV3_ALERT_CERTIFICATE_REVOKED",
+        "SSLV3_ALERT_CERTIFICATE_EXPIRED",
+        "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+        "TLSV1_ALERT_UNKNOWN_CA",
+        "TLSV1_ALERT_ACCESS_DENIED",
+        "TLSV13_ALERT_CERTIFICATE_REQUIRED",
+    )
+)
+"""TLS alerts from the server (``ssl.SSLError.reason``) that refuse the client's
+certificate, or the lack of one."""
+
+TLS_REFUSED: Final = "upstream ended the TLS handshake (client certificate refused or missing)"
+
+
+def client_certificate_refused(error: BaseException | None, *, with_tls: bool) -> bool:
+    """Whether the upstream refused the client certificate, or wanted one: a TLS alert
+    of :data:`CERTIFICATE_ALERTS`; or, for a connect with the secret's TLS context
+    (``with_tls``), the connection reset or closed before an HTTP answer. A TLS 1.3
+    server checks the client's certificate after the client has finished its side
+    of the handshake, so its alert arrives with the first read, and websockets reports
+    only the close (an :class:`InvalidMessage` from an :class:`EOFError`)."""
+    if _certificate_alert(error):
+        return True
+    if not with_tls:
+        return False
+    if isinstance(error, (ConnectionResetError, ssl.SSLEOFError)):
+        return True
+    return isinstance(error, InvalidMessage) and isinstance(error.__cause__, EOFError)
+
+
+def _certificate_alert(error: BaseException | None) -> bool:
+    # ssl sets ``reason`` on the errors it raises; one made otherwise may lack it.
+    return isinstance(error, ssl.SSLError) and getattr(error, "reason", None) in CERTIFICATE_ALERTS
+
+
 def permanent_refusal(error: BaseException | None) -> str | None:
     """The reason to park at once, or None when ``error`` may pass by itself."""
     status = http_status(error)
@@ -92,6 +133,8 @@ def describe(error: BaseException | None, *, delivered: bool = False) -> str:
         return "invalid URI"
     if isinstance(error, ssl.SSLCertVerificationError):
         return "TLS certificate not trusted"
+    if _certificate_alert(error):
+        return "TLS client certificate refused"
     if isinstance(error, ssl.SSLError):
         return "TLS error"
     if isinstance(error, ConnectionRefusedError):

@@ -21,17 +21,25 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import urlsplit
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus
 
 from worker.connection_settings import ConnectionSettings
 from worker.connection_state import ConnectionState
-from worker.credentials import NO_CREDENTIALS, Credentials, SecretError
+from worker.credentials import NO_CREDENTIALS, WSS_ONLY, Credentials, SecretError
 from worker.direct_frames import DirectFrameConnection
 from worker.failing_mark import FailingMark
 from worker.patient_connection import PatientConnection
-from worker.upstream_failures import Verdict, describe, http_status
+from worker.upstream_failures import (
+    TLS_REFUSED,
+    Verdict,
+    client_certificate_refused,
+    describe,
+    http_status,
+)
 from worker.upstream_health import UpstreamHealth
 from worker.upstream_protocol import (
     ResolveUrlError,
@@ -171,16 +179,22 @@ class UpstreamLink:
     async def _open(self, url: str) -> tuple[ClientConnection, list[str]]:
         """Connect to ``url`` with the connection's credentials (from its secret, when
         it names one: headers in the handshake, query parameters in this attempt's
-        URL only) and make the frames to send first. A handshake refused with 401 or
-        403 reads the secret again and tries once more at once; refused again, the
-        refusal stands (a permanent one, which parks)."""
+        URL only, the TLS context) and make the frames to send first. A handshake
+        refused with 401 or 403, or a TLS handshake that the upstream ends (a client
+        certificate refused or missing), reads the secret again and tries once more at
+        once; refused again, the refusal stands: a 4xx is permanent, which parks, and
+        the TLS one fails the attempt as a secret that cannot be used does."""
         reference = self._lease.auth_secret
         credentials = await self._credentials(reference)
         try:
             return await self._connect(url, credentials)
-        except (InvalidStatus, InvalidMessage) as refused:
+        except (InvalidStatus, InvalidMessage, OSError) as refused:
             status = http_status(refused)  # HTTP/1.1 or a plain server's 1.0
-            if reference is None or self._s.secrets is None or status not in AUTH_REFUSALS:
+            if (
+                reference is None
+                or self._s.secrets is None
+                or not (status in AUTH_REFUSALS or _tls_refused(refused, credentials))
+            ):
                 raise
             log.warning(
                 "upstream refused the credentials; reading the secret again",
@@ -188,12 +202,20 @@ class UpstreamLink:
                     "connection_id": self._lease.connection_id,
                     "secret": reference,
                     "status": status,
+                    "error": describe(refused),
                 },
             )
             self._s.secrets.invalidate(reference, credentials)
             credentials = await self._credentials(reference)
             await self._s.pacer.wait(url)  # a mass rotation must not burst either
-            return await self._connect(url, credentials)
+            try:
+                return await self._connect(url, credentials)
+            except (InvalidMessage, OSError) as again:
+                if not _tls_refused(again, credentials):
+                    raise
+                # Said as the secret's problem: retried with backoff, not parked at once
+                # (a fixed certificate is read at the next attempt).
+                raise SecretError(reference, TLS_REFUSED) from None
 
     async def _credentials(self, reference: str | None) -> Credentials:
         if reference is None:
@@ -220,9 +242,16 @@ class UpstreamLink:
         s = self._s
         frames = open_frames(self._protocol, self._state.checkpoint, credentials.fields)
         target = await self._resolve(url, credentials)
+        tls: dict[str, Any] = {}  # ssl=None would refuse wss://: the key is left out
+        if credentials.tls is not None:
+            if urlsplit(target).scheme != "wss":
+                # The secret's TLS is not dropped quietly for a URL in the clear.
+                raise SecretError(self._lease.auth_secret or "", WSS_ONLY)
+            tls["ssl"] = credentials.tls
         ws = await connect(
             with_query(target, credentials.query),
             additional_headers=dict(credentials.headers) or None,
+            **tls,
             open_timeout=s.open_timeout,
             ping_interval=s.ping_interval,
             ping_timeout=s.ping_timeout,
@@ -245,6 +274,10 @@ class UpstreamLink:
                 )
         except TimeoutError:
             raise ResolveUrlError("resolve_url timed out") from None
+
+
+def _tls_refused(error: BaseException, credentials: Credentials) -> bool:
+    return client_certificate_refused(error, with_tls=credentials.tls is not None)
 
 
 class _Link:
