@@ -315,6 +315,19 @@ BREAKS: tuple[Break, ...] = (
         ),
     ),
     Break(
+        "sequence restart taken for copies",
+        "an upstream that starts its numbering over after a reconnect has its new"
+        " messages dropped as copies of the old ones",
+        (
+            (
+                "worker/connection_state.py",
+                "            if restarts is Restarts.ANYTIME or (first and restarts is"
+                " Restarts.ON_CONNECT):\n",
+                "            if restarts is Restarts.ANYTIME:\n",
+            ),
+        ),
+    ),
+    Break(
         "renew thread asks for a running loop",
         "the load the renew thread publishes reads asyncio.get_running_loop(), which a"
         " thread of its own has not",

@@ -112,6 +112,7 @@ class Schedule:
             (self.stale_reads, 1),
             (self.feed_drop, 2),
             (self.feed_silence, 1),
+            (self.feed_restart, 1),
             (self.feed_refusal, 1),
             (self.feed_http10, 1),
             (self.feed_slow, 1),
@@ -565,6 +566,16 @@ class Schedule:
             self.fleet.feeds.drop(self._stream_of(connection_id))
 
         self.add(at, "feed drop", act, excuse=1.0, connection_id=connection_id)
+
+    def feed_restart(self, at: float) -> None:
+        connection_id = self._connection()
+
+        def act() -> None:
+            self.fleet.monitor.event(f"fault: feed restarts its numbering {connection_id}")
+            self.fleet.feeds.restart_numbering(self._stream_of(connection_id))
+
+        # A reconnect, as for a drop, and the write of the new generation.
+        self.add(at, "feed restart", act, excuse=2.0, connection_id=connection_id)
 
     def feed_silence(self, at: float) -> None:
         connection_id, seconds = self._connection(), self.rng.uniform(2, 20)

@@ -8,8 +8,11 @@ query also shapes the upstream: ``refuse=<status>`` answers the handshake with t
 status, ``http10=1`` with an HTTP/1.0 answer, ``slow=<s>`` delays the answer,
 ``live=1`` sends messages without a ``seq`` (for the ``live`` protocol). At run time
 the fault schedule can drop every connection of a stream, refuse it for a while,
-answer it with HTTP/1.0 for a while, slow its handshakes, or make it silent (no byte
-at all, pongs included).
+answer it with HTTP/1.0 for a while, slow its handshakes, make it silent (no byte
+at all, pongs included), or restart its numbering (a maintenance: the sockets close
+and seqs start again from 1; a client asking for a seq the new numbering has not
+reached gets it from 1). Each numbering is a stream of its own for the monitor:
+``<path>@<run>`` from the second on.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ class Stream:
     http10_until: float = 0.0
     slow_until: float = 0.0
     slow_by: float = 0.0
+    run: int = 1
+    """Which numbering the stream is in (a restart begins the next)."""
     connections: set[FeedConnection] = field(default_factory=set)
 
     def last_seq(self, now: float) -> int:
@@ -87,6 +92,14 @@ class Feeds:
         if stream is not None:
             stream.refuse_status = status
             stream.refused_until = self.loop.time() + seconds
+            self.drop(path)
+
+    def restart_numbering(self, path: str) -> None:
+        """The service restarts: its sockets close and its seqs start again from 1."""
+        stream = self.streams.get(path)
+        if stream is not None:
+            stream.run += 1
+            stream.started_at = self.loop.time()
             self.drop(path)
 
     def silence(self, path: str, seconds: float) -> None:
@@ -217,6 +230,8 @@ class FeedConnection(asyncio.Protocol):
             self._feeds.accepted(path, peer)
         self._live = bool(query.get("live"))
         first = int(query.get("from_seq", "1"))
+        if first > stream.last_seq(self._loop.time()) + 1:
+            first = 1  # a seq of an earlier numbering: this one is sent from its start
         self._sender = self._loop.create_task(self._send_from(stream, max(first, 1)))
 
     async def _send_from(self, stream: Stream, seq: int) -> None:
@@ -235,7 +250,10 @@ class FeedConnection(asyncio.Protocol):
             await asyncio.sleep(max(next_at - now, 1e-6))
 
     def _message(self, seq: int) -> str:
-        path = self._stream.path if self._stream is not None else ""
+        stream = self._stream
+        path = "" if stream is None else stream.path
+        if stream is not None and stream.run > 1:
+            path = f"{path}@{stream.run}"
         if self._live:
             return json.dumps({"n": seq, "stream": path})
         return json.dumps({"seq": seq, "stream": path})

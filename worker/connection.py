@@ -40,17 +40,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.connection_settings import ConnectionSettings
-from worker.connection_state import ConnectionState, Ending
+from worker.connection_state import ConnectionState, Ending, Restarts
 from worker.delivery import Delivery
 from worker.failing_mark import FailingMark
 from worker.handler_calls import HandlerCalls
 from worker.message_pump import MessagePump
 from worker.protocol_plugins import PluginSetupError, connection_protocol
 from worker.releasing import release_within_budget
+from worker.sequence_restarts import SequenceRestarts, lease_in_generation
 from worker.upstream_failures import FailingClock
 from worker.upstream_health import UpstreamHealth
 from worker.upstream_link import UpstreamLink
-from worker.upstream_protocol import is_resumable
+from worker.upstream_protocol import is_resumable, restart_rule
 from wsfleet import metric_names as m
 from wsfleet.checkpoint_page import PageEntry
 from wsfleet.lease_rules import Lease
@@ -81,12 +82,13 @@ class ConnectionRunner:
     def __init__(self, settings: ConnectionSettings, lease: Lease, deadline: float) -> None:
         """``deadline``: the session's fence deadline at the moment of the acquire."""
         self._s = settings
-        self.lease = lease
+        self._won = lease
         self.state = ConnectionState(
             settings.timing,
             checkpoint=lease.last_seq,
             deadline=deadline,
             skip_failed_messages=settings.skip_failed_messages,
+            seq_gen=lease.seq_gen,
         )
         self._loop = asyncio.get_running_loop()
         self.health = UpstreamHealth(self._loop.time(), lease.last_seq)
@@ -122,16 +124,24 @@ class ConnectionRunner:
             self.protocol = settings.protocol
             self._protocol_error = str(error)
         self._resumable = is_resumable(self.protocol)
+        self.state.restarts = Restarts(restart_rule(self.protocol))
         self._calls = HandlerCalls(self.state, self._loop)
         mark = FailingMark(self.failing, settings.store, lease, settings.timing, settings.wall_ms)
+        restarts = SequenceRestarts(settings.store, lease, settings.timing, settings.wall_ms)
         self.pump = MessagePump(
-            settings, lease, self.protocol, self.state, self._calls, mark, self._resumed
+            settings, lease, self.protocol, self.state, self._calls, mark, restarts, self._resumed
         )
         self._link = UpstreamLink(settings, lease, self.protocol, self.state, self.health, mark)
 
     @property
+    def lease(self) -> Lease:
+        """The lease as this holder counts now: in the sequence generation its stream
+        is in (a restart of the upstream's numbering begins another)."""
+        return lease_in_generation(self._won, self.state.seq_gen)
+
+    @property
     def connection_id(self) -> str:
-        return self.lease.connection_id
+        return self._won.connection_id
 
     @property
     def checkpoint(self) -> int:
@@ -166,8 +176,8 @@ class ConnectionRunner:
         advanced = self.pump.advanced_at
         health = self.health
         return PageEntry(
-            epoch=self.lease.epoch,
-            seq_gen=self.lease.seq_gen,
+            epoch=self._won.epoch,
+            seq_gen=self.state.seq_gen,
             seq=self.state.checkpoint,
             advanced_at_ms=None if advanced is None else now_ms - round((now - advanced) * 1000),
             rate=health.rate_since_last(now, self.state.checkpoint),

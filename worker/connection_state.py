@@ -72,11 +72,29 @@ class Frame(enum.Enum):
     """What an upstream message's seq means against the checkpoint."""
 
     NEXT = "next"
-    """``checkpoint + 1``: hand it to the handler."""
+    """``checkpoint + 1`` (in a chain: its ``prev`` is the checkpoint): hand it to the
+    handler."""
     DUPLICATE = "duplicate"
-    """At or below the checkpoint: already handled, drop it."""
+    """At or below the checkpoint, a copy: already handled, drop it."""
     GAP = "gap"
-    """Beyond ``checkpoint + 1``: something was skipped; reconnect to resume."""
+    """Beyond ``checkpoint + 1`` (in a chain: its ``prev`` is not the checkpoint):
+    something was skipped; reconnect to resume."""
+    RESET = "reset"
+    """At or below the checkpoint and not a copy (:class:`Restarts`): the upstream
+    numbers from the start again. A new sequence generation begins with this message."""
+
+
+class Restarts(enum.Enum):
+    """When a seq at or below the checkpoint is the upstream starting its sequence over
+    rather than a copy (the protocol spec's ``restarts``)."""
+
+    ON_CONNECT = "on_connect"
+    """As the first message of an upstream connection (the upstream was asked to go on
+    after the checkpoint and starts over instead); a copy anywhere else."""
+    ANYTIME = "anytime"
+    """Always: the upstream sends no copies, and may start over mid-stream."""
+    NEVER = "never"
+    """Never: the upstream sends copies (an overlap on reconnect) and never starts over."""
 
 
 class Call(enum.Enum):
@@ -129,6 +147,10 @@ class ConnectionState:
     deadline: float
     """No handler call may start at or after this instant, and each is bounded by it."""
     skip_failed_messages: bool = False
+    seq_gen: int = 0
+    """The sequence generation the checkpoint counts in: ``(seq_gen, seq)`` names a
+    message downstream. It goes up by one when the upstream starts over."""
+    restarts: Restarts = Restarts.ON_CONNECT
 
     def __post_init__(self) -> None:
         self.ending: Ending | None = None
@@ -174,15 +196,35 @@ class ConnectionState:
 
     # --- frames and handler calls ----------------------------------------------------
 
-    def classify(self, seq: int, after: int | None = None) -> Frame:
+    def classify(
+        self, seq: int, after: int | None = None, *, prev: int | None = None, first: bool = False
+    ) -> Frame:
         """``seq`` against the checkpoint, or, while a batch is being gathered, against
-        ``after``: the last seq already taken into it (nothing of it is handled yet)."""
+        ``after``: the last seq already taken into it (nothing of it is handled yet).
+        ``prev``: the seq the message says came before it, for a chain (whose steps
+        need not be 1); ``first``: the first message of this upstream connection."""
         last = self.checkpoint if after is None else after
         if seq <= last:
+            restarts = self.restarts
+            if restarts is Restarts.ANYTIME or (first and restarts is Restarts.ON_CONNECT):
+                return Frame.RESET
             return Frame.DUPLICATE
+        if prev is not None:
+            # A chain's first message, with nothing before it, starts it.
+            return Frame.NEXT if prev == last or last == 0 else Frame.GAP
         if seq != last + 1:
             return Frame.GAP
         return Frame.NEXT
+
+    def new_generation(self, seq_gen: int, first_seq: int) -> None:
+        """The upstream started over at ``first_seq`` and generation ``seq_gen`` is
+        recorded: the checkpoint counts in it from just before that message."""
+        if seq_gen <= self.seq_gen or first_seq < 1:
+            raise ValueError(
+                f"generation {seq_gen} from seq {first_seq} does not follow {self.seq_gen}"
+            )
+        self.seq_gen = seq_gen
+        self.checkpoint = first_seq - 1
 
     def before_call(self, now: float) -> Call:
         """Checked synchronously right before every handler call: after a process

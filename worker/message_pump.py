@@ -42,6 +42,7 @@ from worker.connection_state import Call, ConnectionState, Failure, Frame
 from worker.delivery import Delivery, batch_call, make_delivery
 from worker.failing_mark import FailingMark
 from worker.handler_calls import DeadlineReachedError, HandlerCalls
+from worker.sequence_restarts import SequenceRestarts
 from worker.upstream_protocol import (
     Heard,
     Message,
@@ -59,6 +60,9 @@ log = logging.getLogger(__name__)
 
 GAP_IN_SEQS = "gap in upstream seqs"
 """Why the pump leaves an upstream connection itself (the page's last error)."""
+RESTART_NOT_RECORDED = "sequence restart not recorded"
+"""The upstream started its sequence over and the new generation could not be
+written: nothing of it is handed on; the connection is made again."""
 
 
 class MessagePump:
@@ -70,6 +74,7 @@ class MessagePump:
         state: ConnectionState,
         calls: HandlerCalls,
         failing: FailingMark,
+        restarts: SequenceRestarts,
         resumed: asyncio.Event,
     ) -> None:
         """``resumed``: set when a session renew moves the fence deadline, or when the
@@ -80,6 +85,7 @@ class MessagePump:
         self._calls = calls
         self._failing_mark = failing
         self._failing = failing.clock
+        self._restarts = restarts
         self._resumed = resumed
         self._read = reader(protocol)
         self._resumable = is_resumable(protocol)
@@ -90,6 +96,8 @@ class MessagePump:
         """Loop time of the last checkpoint advance (None: none in this hold)."""
         self._left_because: str | None = None
         """Why the pump left the current upstream connection itself, if it did."""
+        self._copies_seen = False
+        """A copy was dropped on the current upstream connection (logged once each)."""
         self._gap_open = False
         """A stream that cannot resume has (re)connected: its first delivery measures
         the gap since the previous one."""
@@ -102,6 +110,7 @@ class MessagePump:
         must be left (a gap, the connection ending) or it closes (a normal close ends
         the iteration, others raise). Why the pump left it itself (a gap), if it did."""
         self._left_because = None
+        self._copies_seen = False
         if not self._resumable:
             self._gap_open, self._gap_from = True, self.advanced_at
         handle_batch = batch_call(self._s.handler)
@@ -125,20 +134,30 @@ class MessagePump:
         worker_id = s.worker_id
         task = asyncio.current_task()
         assert task is not None
+        first = True
         async for data in messages(ws):
             frame = read(data)
             if isinstance(frame, tuple):
                 seq, payload = frame
+                prev = None
             elif isinstance(frame, Message):
-                seq, payload = frame.seq, frame.payload
+                seq, payload, prev = frame.seq, frame.payload, frame.prev
             else:
                 await self._not_a_message(ws, frame)
                 continue
-            # seq == checkpoint + 1 is Frame.NEXT; the state classifies the rest.
-            if seq != state.checkpoint + 1 and not self._takes(seq):
-                if self._out_of_order(seq):
-                    continue
-                return
+            # seq == checkpoint + 1 past the first message is Frame.NEXT; the state
+            # classifies the rest.
+            if seq != state.checkpoint + 1 or prev is not None or first:
+                verdict = state.classify(seq, prev=prev, first=first)
+                first = False
+                if verdict is Frame.RESET:
+                    if not await self._restart(seq):
+                        return
+                    seq_gen = state.seq_gen
+                elif verdict is not Frame.NEXT and not self._takes(verdict):
+                    if self._out_of_order(verdict, seq):
+                        continue
+                    return
             delivery = make_delivery(connection_id, epoch, seq, payload, worker_id, seq_gen)
             # The common case, inline: the call may start (ConnectionState.before_call
             # says GO exactly when now < go_until) and returns.
@@ -178,10 +197,12 @@ class MessagePump:
         take = _buffered_message(ws)
         task = asyncio.current_task()
         assert task is not None
+        first = True
         async for data in messages(ws):
             batch: list[Delivery] = []
             last = state.checkpoint
             leave = False
+            restart: tuple[int, Any] | None = None
             # Bytes of the frames read for this batch. A text frame carries UTF-8:
             # its length in characters is its size when it is ASCII, as JSON mostly is.
             size = len(data)
@@ -189,24 +210,38 @@ class MessagePump:
                 size = len(data.encode())
             while True:
                 frame = read(data)
+                prev = None
                 if isinstance(frame, tuple):
                     seq, payload = frame
                 elif isinstance(frame, Message):
-                    seq, payload = frame.seq, frame.payload
+                    seq, payload, prev = frame.seq, frame.payload, frame.prev
                 else:
                     await self._not_a_message(ws, frame)
                     seq = 0
                 if not seq:
                     pass
-                # seq == last + 1 is Frame.NEXT; the state classifies the rest.
-                elif seq == last + 1 or self._takes(seq, last):
+                # seq == last + 1 past the first message is Frame.NEXT; the state
+                # classifies the rest.
+                elif seq == last + 1 and prev is None and not first:
                     last = seq
                     batch.append(
                         make_delivery(connection_id, epoch, seq, payload, worker_id, seq_gen)
                     )
-                elif not self._out_of_order(seq, last):
-                    leave = True
-                    break
+                else:
+                    verdict = state.classify(seq, last, prev=prev, first=first)
+                    first = False
+                    if verdict is Frame.NEXT or self._takes(verdict):
+                        last = seq
+                        batch.append(
+                            make_delivery(connection_id, epoch, seq, payload, worker_id, seq_gen)
+                        )
+                    elif verdict is Frame.RESET:
+                        # The batch ends before it; it begins a generation of its own.
+                        restart = seq, payload
+                        break
+                    elif not self._out_of_order(verdict, seq, last):
+                        leave = True
+                        break
                 # A whole message already buffered (websockets keeps the data frames
                 # it received there; the first of a fragmented message is not final
                 # and the batch stops before it): recv returns it at once. At either
@@ -230,13 +265,25 @@ class MessagePump:
                             await self._failing_mark.clear()
                         if leave:
                             return
-                        continue
+                        if restart is None:
+                            continue
                     call_now: Call | None = Call.GO
                 else:
                     call_now, failure = None, None
-                if not await self._deliver(
+                delivered = failure is None and call_now is not None
+                if not delivered and not await self._deliver(
                     task, handle_batch, batch, last, len(batch), call_now, failure
                 ):
+                    return
+            if restart is not None:
+                seq, payload = restart
+                if not await self._restart(seq):
+                    return
+                seq_gen = state.seq_gen
+                first_of_generation = [
+                    make_delivery(connection_id, epoch, seq, payload, worker_id, seq_gen)
+                ]
+                if not await self._deliver(task, handle_batch, first_of_generation, seq, 1):
                     return
             if leave:
                 return
@@ -255,17 +302,34 @@ class MessagePump:
             extra={"connection_id": self._lease.connection_id, "reason": frame.reason},
         )
 
-    def _takes(self, seq: int, after: int | None = None) -> bool:
+    def _takes(self, verdict: Frame) -> bool:
         """A message past a gap that is delivered anyway: the stream cannot resume,
-        so there is nothing to ask for again; it goes on from there (§4.6)."""
-        return not self._resumable and self._state.classify(seq, after) is Frame.GAP
+        so there is nothing to ask for again; it goes on from there (§4.6), the gap
+        counted."""
+        if verdict is not Frame.GAP or self._resumable:
+            return False
+        self._s.metrics.count(m.SEQUENCE_GAPS, 1)
+        return True
 
-    def _out_of_order(self, seq: int, after: int | None = None) -> bool:
+    def _out_of_order(self, verdict: Frame, seq: int, after: int | None = None) -> bool:
         """A message that is not the next one (``after``: the last seq of the batch
         being gathered): True for a duplicate (dropped); False for a gap (leave this
         upstream connection, resume from the checkpoint)."""
-        if self._state.classify(seq, after) is not Frame.GAP:
+        if verdict is not Frame.GAP:
+            self._s.metrics.count(m.SEQUENCE_COPIES, 1)
+            if not self._copies_seen:
+                self._copies_seen = True
+                log.warning(
+                    "a message at or below the checkpoint dropped as a copy (an upstream"
+                    " that starts its sequence over mid-stream needs restarts: anytime)",
+                    extra={
+                        "connection_id": self._lease.connection_id,
+                        "checkpoint": self._state.checkpoint if after is None else after,
+                        "received": seq,
+                    },
+                )
             return True
+        self._s.metrics.count(m.SEQUENCE_GAPS, 1)
         self._left_because = GAP_IN_SEQS
         log.warning(
             "gap in upstream seqs; reconnecting to resume",
@@ -276,6 +340,30 @@ class MessagePump:
             },
         )
         return False
+
+    async def _restart(self, seq: int) -> bool:
+        """The upstream started its sequence over at ``seq``: record the new generation
+        before anything of it is handed on. False when that could not be done: the
+        pump leaves this upstream connection, and the next one meets the restart
+        again (nothing of the new numbering was handed on)."""
+        state = self._state
+        previous = state.checkpoint
+        new_gen = await self._restarts.begin(state.seq_gen, seq, previous)
+        if new_gen is None:
+            self._left_because = RESTART_NOT_RECORDED
+            return False
+        state.new_generation(new_gen, seq)
+        self._s.metrics.count(m.SEQUENCE_RESETS, 1)
+        log.warning(
+            "the upstream started its sequence over: a new sequence generation begins",
+            extra={
+                "connection_id": self._lease.connection_id,
+                "seq_gen": new_gen,
+                "previous_last_seq": previous,
+                "first_seq": seq,
+            },
+        )
+        return True
 
     async def _deliver(
         self,

@@ -45,6 +45,9 @@ from wsfleet.protocol_specs import ProtocolSpec, render_template, resolve_pointe
 class Message:
     seq: int
     payload: Any
+    prev: int | None = None
+    """For a feed numbered by a chain: the seq of the message before this one (steps
+    of any size); None for a feed numbered 1, 2, 3..."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +170,14 @@ def is_resumable(protocol: UpstreamProtocol) -> bool:
     return bool(getattr(protocol, "resumable", True))
 
 
+def restart_rule(protocol: UpstreamProtocol) -> str:
+    """When a seq at or below the checkpoint is the upstream starting over (the spec's
+    ``restarts``; a plug-in may say with a ``restarts`` attribute): ``on_connect`` when
+    it does not say."""
+    rule = getattr(protocol, "restarts", protocol_specs.RESTART_MODES[0])
+    return rule if rule in protocol_specs.RESTART_MODES else protocol_specs.RESTART_MODES[0]
+
+
 def with_query(url: str, params: Mapping[str, str]) -> str:
     """``url`` with each of ``params`` set (replacing a parameter of that name)."""
     if not params:
@@ -203,12 +214,15 @@ class JsonSeqProtocol:
     """``json-seq``: an integer ``seq`` in each JSON object, resumed with ``from_seq``."""
 
     resumable = True
+    restarts = protocol_specs.RESTART_MODES[0]
     _subscribe: Any = None
     """Class-level too: a plug-in that subclasses this one without calling
     ``__init__`` still works."""
 
-    def __init__(self, subscribe: Any = None) -> None:
+    def __init__(self, subscribe: Any = None, restarts: str | None = None) -> None:
         self._subscribe = subscribe
+        if restarts is not None:
+            self.restarts = restarts
 
     def resume_url(self, ws_url: str, last_seq: int) -> str:
         parts = urlsplit(ws_url)
@@ -261,6 +275,8 @@ class JsonFieldProtocol:
         self._param: str | None = options.get("resume_param")
         self._subscribe = options.get("subscribe")
         self.resumable = self._resume != protocol_specs.RESUME_NONE
+        self.restarts: str = options.get(protocol_specs.RESTARTS, protocol_specs.RESTART_MODES[0])
+        self._prev: str | None = options.get(protocol_specs.PREV)
         self._no_seq = f"no integer >= 1 at {self._sequence}"
 
     def resume_url(self, ws_url: str, last_seq: int) -> str:
@@ -282,10 +298,18 @@ class JsonFieldProtocol:
             return Unreadable(self._no_seq)
         if not _is_seq(seq):
             return Unreadable(self._no_seq)
+        prev = None
+        if self._prev is not None:
+            # A chain's first message may name no predecessor (absent, null, 0 or -1).
+            try:
+                found = resolve_pointer(doc, self._prev)
+            except LookupError:
+                found = None
+            prev = found if _is_seq(found) else 0
         if self._payload is None:
-            return Message(seq, doc)
+            return Message(seq, doc, prev)
         try:
-            return Message(seq, resolve_pointer(doc, self._payload))
+            return Message(seq, resolve_pointer(doc, self._payload), prev)
         except LookupError:
             return Unreadable(f"nothing at {self._payload}")
 
@@ -330,6 +354,7 @@ class InflatingProtocol:
         self._inflate = inflater
         self._read = reader(protocol)
         self.resumable = is_resumable(protocol)
+        self.restarts = restart_rule(protocol)
 
     def resume_url(self, ws_url: str, last_seq: int) -> str:
         return self._protocol.resume_url(ws_url, last_seq)
@@ -367,6 +392,7 @@ class RulesProtocol:
         self._clock: KeepaliveClock | None = None
         self._link: LinkPort | None = None
         self.resumable = is_resumable(protocol)
+        self.restarts = restart_rule(protocol)
 
     def resume_url(self, ws_url: str, last_seq: int) -> str:
         return self._protocol.resume_url(ws_url, last_seq)
@@ -437,7 +463,7 @@ def from_spec(
     elif spec.name == protocol_specs.LIVE:
         protocol = LiveProtocol(spec.subscribe)
     else:
-        protocol = JsonSeqProtocol(spec.subscribe)
+        protocol = JsonSeqProtocol(spec.subscribe, spec.options.get(protocol_specs.RESTARTS))
     options = spec.options
     if protocol_specs.KEEPALIVE in options or protocol_specs.ANSWERS in options:
         protocol = RulesProtocol(protocol, options)

@@ -136,6 +136,8 @@ def start_update(
     if stream_changed:
         sets.append("#seq = :zero")
         adds.append("#seqgen :one")
+        # A sequence reset of the old stream says nothing about the new one.
+        removes += ["#resetat", "#resetfrom"]
     else:
         sets += ["#seq = if_not_exists(#seq, :zero)", "#seqgen = if_not_exists(#seqgen, :zero)"]
     if protocol is None:
@@ -154,6 +156,8 @@ def start_update(
         values[":auth"] = auth_secret
         sets.append("#auth = :auth")
     names = dict(_START_NAMES)
+    if stream_changed:
+        names |= {"#resetat": schema.SEQ_RESET_AT_MS, "#resetfrom": schema.SEQ_RESET_FROM}
     if owned:
         del names["#free"]
         ownership = "attribute_exists(#owner)"

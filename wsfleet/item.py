@@ -38,6 +38,8 @@ _KNOWN = {
     schema.AUTH_SECRET,
     schema.ADVANCED_AT_MS,
     schema.ADVANCED_START_GEN,
+    schema.SEQ_RESET_AT_MS,
+    schema.SEQ_RESET_FROM,
 }
 
 
@@ -187,6 +189,8 @@ class ConnectionItem:
     value, :mod:`wsfleet.secret_refs`); None: no credentials."""
     advanced_at_ms: int | None = None
     advanced_start_gen: int | None = None
+    seq_reset_at_ms: int | None = None
+    seq_reset_from: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     absent: frozenset[str] = frozenset()
     """Which of :data:`CONDITION_NUMBERS` the item does not have (read as 0)."""
@@ -222,6 +226,8 @@ class ConnectionItem:
             auth_secret=text(schema.AUTH_SECRET),
             advanced_at_ms=integer(schema.ADVANCED_AT_MS),
             advanced_start_gen=integer(schema.ADVANCED_START_GEN),
+            seq_reset_at_ms=integer(schema.SEQ_RESET_AT_MS),
+            seq_reset_from=integer(schema.SEQ_RESET_FROM),
             extra={k: v for k, v in plain.items() if k not in _KNOWN},
             absent=frozenset(read.absent & CONDITION_NUMBERS),
             malformed=read.malformed,

@@ -60,6 +60,8 @@ _NAMES = {
     "#failing": schema.FAILING_SINCE_MS,
     "#advat": schema.ADVANCED_AT_MS,
     "#advgen": schema.ADVANCED_START_GEN,
+    "#resetat": schema.SEQ_RESET_AT_MS,
+    "#resetfrom": schema.SEQ_RESET_FROM,
 }
 
 
@@ -638,6 +640,55 @@ def park_failure(old: ConnectionItem | None, lease: Lease) -> ParkOutcome:
     if old is None or old.lease_owner != lease.owner or old.lease_epoch != lease.epoch:
         return ParkOutcome.NOT_HELD
     return ParkOutcome.RELEASE_INSTEAD
+
+
+def new_generation_update(
+    lease: Lease, seq_gen: int, first_seq: int, previous_last: int, now_ms: int
+) -> ConditionalUpdate:
+    """The upstream started its sequence over at ``first_seq``: the item's stream goes
+    on as generation ``seq_gen`` (the lease's plus one), checkpointed just before that
+    message, while the lease and the start are this holder's.
+
+    ``lease`` carries the generation the holder counts in now. The write is made
+    before the message is handed on, and may be made again when its answer was lost:
+    the item already at ``seq_gen`` matches too (nothing of the new generation was
+    handled before an answer came). A start of another stream since (a new
+    ``start_gen``) fails it, so the router's reset of ``seq_gen`` is never overwritten.
+    """
+    stream_clause, stream_values = _equals("#seqgen", lease.seq_gen, lease.absent)
+    start_clause, start_values = _equals("#gen", lease.start_gen, lease.absent)
+    return ConditionalUpdate(
+        update_expression=(
+            "SET #seqgen = :newgen, #seq = :seq, #resetat = :now, #resetfrom = :prevlast,"
+            " #updated = :now"
+        ),
+        condition_expression=(
+            f"#owner = :me AND #epoch = :epoch AND #state = :started AND {start_clause}"
+            f" AND ({stream_clause} OR #seqgen = :newgen)"
+        ),
+        names=_names(
+            "#seqgen",
+            "#seq",
+            "#resetat",
+            "#resetfrom",
+            "#updated",
+            "#owner",
+            "#epoch",
+            "#state",
+            "#gen",
+        ),
+        values=_values(
+            newgen=seq_gen,
+            seq=first_seq - 1,
+            now=now_ms,
+            me=lease.owner,
+            epoch=lease.epoch,
+            started=schema.STARTED,
+            prevlast=previous_last,
+        )
+        | stream_values
+        | start_values,
+    )
 
 
 def failing_since_update(lease: Lease, since_ms: int, now_ms: int) -> ConditionalUpdate:

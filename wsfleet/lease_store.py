@@ -382,6 +382,16 @@ class LeaseStore:
             return False
         return True
 
+    def begin_generation(
+        self, lease: Lease, seq_gen: int, first_seq: int, previous_last: int, now_ms: int
+    ) -> bool:
+        """Record that the upstream started its sequence over at ``first_seq``: the
+        stream goes on as generation ``seq_gen`` (:func:`lease_rules.new_generation_update`).
+        False when the lease or the start is no longer this holder's; errors propagate
+        (the outcome is then unknown, and the same write may be made again)."""
+        update = lease_rules.new_generation_update(lease, seq_gen, first_seq, previous_last, now_ms)
+        return self._try(lease, update)
+
     def record_failing_since(self, lease: Lease, since_ms: int, now_ms: int) -> bool:
         """Write when the upstream began failing; False when the lease is no longer
         ours."""

@@ -50,6 +50,15 @@ skipped, each costing only itself."""
 MESSAGES_SKIPPED: Final = "MessagesSkipped"
 """Messages of handler calls that failed and were skipped (``HANDLER_ERRORS=skip``):
 lost by choice, counted so the loss shows."""
+SEQUENCE_RESETS: Final = "SequenceResets"
+"""Times an upstream started its sequence over and a connection began a new sequence
+generation (nothing of either numbering dropped)."""
+SEQUENCE_COPIES: Final = "SequenceCopies"
+"""Messages at or below the checkpoint taken for copies and dropped (the spec's
+``restarts`` says when such a seq is a restart instead)."""
+SEQUENCE_GAPS: Final = "SequenceGaps"
+"""Messages that did not follow the one before (a jump, or a broken chain): resumed
+from the checkpoint when the stream can resume, taken as they come when it cannot."""
 
 COUNTERS: Final = (
     LEASES_ACQUIRED,
@@ -68,5 +77,8 @@ COUNTERS: Final = (
     FOREIGN_SESSIONS,
     MESSAGES_SKIPPED,
     UNREADABLE_FRAMES,
+    SEQUENCE_RESETS,
+    SEQUENCE_COPIES,
+    SEQUENCE_GAPS,
 )
 """Published every period, zeros included."""

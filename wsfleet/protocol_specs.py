@@ -23,6 +23,12 @@ The built-in protocols (docs/DESIGN.md §4.6):
   the URL parameter ``resume_param``), ``"subscribe"`` (the ``subscribe`` frame
   carries it, through a ``${from_seq}`` or ``${last_seq}`` placeholder) or ``"none"``
   (the stream cannot resume: a move loses what was sent in between).
+- Both take ``restarts``: when a seq at or below the checkpoint is the upstream
+  starting its sequence over rather than a copy: ``"on_connect"`` (the default: as
+  the first message of an upstream connection), ``"anytime"`` or ``"never"``. A
+  restart begins a new sequence generation of the connection (``seq_gen``); nothing
+  is dropped. ``json-field`` also takes ``prev``: the JSON pointer of the seq the
+  message says came before it, for a feed numbered by a chain (steps of any size).
 - ``live``: no sequence at all. Each message gets a local number; nothing resumes, and
   the time between two owners' deliveries is measured as a gap.
 
@@ -58,6 +64,9 @@ RESUME_MODES: Final = (RESUME_QUERY, RESUME_SUBSCRIBE, RESUME_NONE)
 
 INFLATE: Final = "inflate"
 INFLATE_MODES: Final = ("gzip", "zlib", "deflate", "auto")
+RESTARTS: Final = "restarts"
+RESTART_MODES: Final = ("on_connect", "anytime", "never")
+PREV: Final = "prev"
 KEEPALIVE: Final = "keepalive"
 ANSWERS: Final = "answers"
 COMMON_OPTIONS: Final = frozenset({"subscribe", INFLATE, KEEPALIVE, ANSWERS})
@@ -293,18 +302,34 @@ def _check_frame_template(
         raise InvalidProtocolError(f"{what}: unknown placeholder {text!r} (known: {known})")
 
 
+def _check_restarts(options: Mapping[str, Any], name: str) -> None:
+    mode = options.get(RESTARTS)
+    if mode is not None and mode not in RESTART_MODES:
+        raise InvalidProtocolError(
+            f"{name} options: restarts must be one of {list(RESTART_MODES)}, got {mode!r}"
+        )
+
+
 def _check_json_seq(options: Mapping[str, Any]) -> None:
-    _only(options, set(COMMON_OPTIONS), JSON_SEQ)
+    _only(options, {RESTARTS, *COMMON_OPTIONS}, JSON_SEQ)
     _check_common(options, JSON_SEQ)
+    _check_restarts(options, JSON_SEQ)
     _check_template(options.get("subscribe"), seq_placeholders=True)
 
 
 def _check_json_field(options: Mapping[str, Any]) -> None:
-    _only(options, {"sequence", "payload", "resume", "resume_param", *COMMON_OPTIONS}, JSON_FIELD)
+    _only(
+        options,
+        {"sequence", "payload", "resume", "resume_param", RESTARTS, PREV, *COMMON_OPTIONS},
+        JSON_FIELD,
+    )
     _check_common(options, JSON_FIELD)
+    _check_restarts(options, JSON_FIELD)
     if "sequence" not in options:
         raise InvalidProtocolError('json-field options: "sequence" (a JSON pointer) is required')
     check_pointer(options["sequence"], "sequence")
+    if PREV in options:
+        check_pointer(options[PREV], PREV)
     if "payload" in options:
         check_pointer(options["payload"], "payload")
     resume = options.get("resume", RESUME_NONE)

@@ -148,6 +148,12 @@ FAILING_SINCE_MS: Final = "failing_since_ms"
 since); written once per streak by the owner, removed when a message is handled again,
 read by the next owner so a move does not restart the clock."""
 
+SEQ_RESET_AT_MS: Final = "seq_reset_at_ms"
+"""Epoch ms at which the owner last saw the upstream start its sequence over and began
+generation ``seq_gen``; written by that owner, removed by a start of a new stream."""
+SEQ_RESET_FROM: Final = "seq_reset_from"
+"""The checkpoint of the generation before: where the old numbering ended."""
+
 STARTED: Final = "STARTED"
 STOPPED: Final = "STOPPED"
 DESIRED_STATES: Final = (STARTED, STOPPED)

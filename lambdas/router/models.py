@@ -95,6 +95,13 @@ class AuthRef(_Strict):
     )
 
 
+class SequenceReset(BaseModel):
+    at: str | None = Field(description="when the owner saw the upstream start over")
+    previous_last_seq: int | None = Field(
+        description="the checkpoint of the numbering before: where it ended"
+    )
+
+
 class ProtocolChoice(_Strict):
     """The upstream protocol and its options. Which names and options exist, and what
     they mean, is decided by ``wsfleet.protocol_specs`` (docs/DESIGN.md §4.6) and, for
@@ -110,8 +117,9 @@ class ProtocolChoice(_Strict):
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="the protocol's options (json-field: sequence, payload, resume,"
-        " resume_param; any built-in: a subscribe frame with ${from_seq}, ${last_seq} and"
-        " ${secret:<field>} placeholders, inflate, keepalive, answers; a plug-in: any"
+        " resume_param, prev; json-seq and json-field: restarts; any built-in: a"
+        " subscribe frame with ${from_seq}, ${last_seq} and ${secret:<field>}"
+        " placeholders, inflate, keepalive, answers; a plug-in: any"
         f" object, its own); the whole spec is at most {MAX_SPEC_BYTES} bytes of compact"
         " JSON",
     )
@@ -250,6 +258,17 @@ class ConnectionView(BaseModel):
         default=None,
         description="since when the upstream has failed with no message handled; null"
         " when it is not failing",
+    )
+    seq_gen: int = Field(
+        default=0,
+        description="the sequence generation last_seq counts in: it goes up by one when"
+        " the upstream starts its numbering over (and when a start names another"
+        " stream); (seq_gen, seq) names a message downstream",
+    )
+    sequence_reset: SequenceReset | None = Field(
+        default=None,
+        description="the upstream's last restart of its numbering on this stream; null:"
+        " none seen",
     )
     status: Literal["streaming", "connecting", "backing_off", "failed", "pending", "stopped"] = (
         Field(

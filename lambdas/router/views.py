@@ -196,6 +196,10 @@ def connection_view(
         "parked_reason": item.parked_reason,
         "parked_at": _iso(item.parked_at_ms),
         "failing_since": _iso(item.failing_since_ms),
+        "seq_gen": item.seq_gen,
+        "sequence_reset": None
+        if item.seq_reset_at_ms is None
+        else {"at": _iso(item.seq_reset_at_ms), "previous_last_seq": item.seq_reset_from},
         **health_fields(item, session, page, now_ms, problem),
     }
 

@@ -790,3 +790,48 @@ def test_every_ownership_write_stamps_updated_at(store, control, read, step):
         released = store.release(lease, 1, T0 + 20)
         assert (released.released, released.checkpointed) == (True, False)
     assert item_of(read, "c").updated_at_ms == (T0 + 10 if step == "acquire" else T0 + 20)
+
+
+# --- sequence generations (docs/DESIGN.md §4.6, "Sequence restarts") -------------------
+
+
+def test_a_new_sequence_generation_is_fenced_by_the_lease_and_the_start(store, control, read):
+    from worker.sequence_restarts import lease_in_generation
+
+    lease = held(store, control)
+    assert schema.SEQ_GEN not in lease.absent or lease.seq_gen == 0
+    assert store.begin_generation(lease, lease.seq_gen + 1, 1, 200, T0 + 100)
+    item = item_of(read, "p")
+    assert (item.seq_gen, item.last_seq) == (lease.seq_gen + 1, 0)
+    assert (item.seq_reset_at_ms, item.seq_reset_from) == (T0 + 100, 200)
+    # The same write again (its answer was lost) lands on the same generation.
+    assert store.begin_generation(lease, lease.seq_gen + 1, 3, 200, T0 + 110)
+    assert (item_of(read, "p").seq_gen, item_of(read, "p").last_seq) == (lease.seq_gen + 1, 2)
+    # The holder goes on in the new generation: its release keeps the checkpoint.
+    now = lease_in_generation(lease, lease.seq_gen + 1)
+    assert not store.begin_generation(lease, lease.seq_gen + 2, 1, 9, T0 + 120)  # skips one
+    released = store.release(now, 7, T0 + 130)
+    assert released.released
+    assert released.checkpointed
+    assert (item_of(read, "p").seq_gen, item_of(read, "p").last_seq) == (lease.seq_gen + 1, 7)
+    # Nobody else's: a superseded holder cannot begin one.
+    assert not store.begin_generation(now, now.seq_gen + 1, 1, 7, T0 + 140)
+    assert item_of(read, "p").seq_gen == now.seq_gen
+
+
+def test_a_start_of_another_stream_fails_a_late_new_generation(store, control, read):
+    from worker.sequence_restarts import lease_in_generation
+
+    lease = held(store, control)
+    assert store.begin_generation(lease, lease.seq_gen + 1, 1, 40, T0 + 5)
+    lease = lease_in_generation(lease, lease.seq_gen + 1)
+    assert control.stop("p", T0 + 10) is StopOutcome.STOPPED
+    # The router starts another stream while the holder still has the lease: the
+    # old stream's reset means nothing for it.
+    assert control.start("p", URL + "?other=1", T0 + 20).outcome is StartOutcome.RESTARTED
+    router_gen = item_of(read, "p").seq_gen
+    assert router_gen == lease.seq_gen + 1
+    assert item_of(read, "p").seq_reset_at_ms is None
+    assert not store.begin_generation(lease, lease.seq_gen + 1, 1, 50, T0 + 30)
+    item = item_of(read, "p")
+    assert (item.seq_gen, item.last_seq, item.seq_reset_at_ms) == (router_gen, 0, None)

@@ -94,6 +94,22 @@ class FakeStore:
         self.failing_marks.append(since_ms)
         return True
 
+    generations: list[tuple[int, int, int, int]] = field(default_factory=list)
+    """(generation counted in, new generation, first seq, previous last) of each new
+    sequence generation recorded."""
+    generation_refusals: int = 0
+    """The first this many new generations are refused (the lease is no longer ours)."""
+
+    def begin_generation(
+        self, lease: Lease, seq_gen: int, first_seq: int, previous_last: int, now_ms: int
+    ) -> bool:
+        with self._lock:
+            if self.generation_refusals > 0:
+                self.generation_refusals -= 1
+                return False
+            self.generations.append((lease.seq_gen, seq_gen, first_seq, previous_last))
+        return True
+
     def clear_failing_since(self, lease: Lease, now_ms: int) -> bool:
         self.failing_marks.append(None)
         return True

@@ -67,6 +67,8 @@ VIEW_KEYS = {
     "parked_reason",
     "parked_at",
     "failing_since",
+    "seq_gen",
+    "sequence_reset",
     "status",
     "seconds_since_last_message",
     "reconnects",
