@@ -117,6 +117,18 @@ def fleet_rows(f: MonitoredFleet) -> list[Row]:
                 width=12,
             ),
         ],
+        [
+            graph(
+                "Upstream numbering: restarts, copies dropped, gaps",
+                [
+                    f.worker(m.SEQUENCE_RESETS, label="restarts (new sequence generation)"),
+                    f.worker(m.SEQUENCE_COPIES, label="copies dropped"),
+                    f.worker(m.SEQUENCE_GAPS, label="gaps"),
+                    f.worker(m.UNREADABLE_FRAMES, label="unreadable frames"),
+                ],
+                width=24,
+            ),
+        ],
     ]
 
 
