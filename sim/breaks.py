@@ -60,10 +60,24 @@ BREAKS: tuple[Break, ...] = (
             (
                 "wsfleet/session_store.py",
                 "                    try:\n"
-                "                        sessions.append(SessionItem.from_dynamodb(raw))\n"
+                "                        session = SessionItem.from_dynamodb(raw, damaged=True)\n"
                 "                    except MalformedItemError as error:\n"
-                "                        report(error)\n",
-                "                    sessions.append(SessionItem.from_dynamodb(raw))\n",
+                "                        report(error)\n"
+                "                        continue\n",
+                "                    session = SessionItem.from_dynamodb(raw, damaged=True)\n",
+            ),
+        ),
+    ),
+    Break(
+        "P4",
+        "a session item with an attribute of the wrong type is left out of every listing,"
+        " so its connections are stranded once its worker is gone",
+        (
+            (
+                "wsfleet/session_store.py",
+                "session.problem))\n                    sessions.append(session)\n",
+                "session.problem))\n                        continue\n"
+                "                    sessions.append(session)\n",
             ),
         ),
     ),

@@ -21,6 +21,7 @@ clock decides anything: the wall times in the items are for people.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import zlib
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -71,12 +72,24 @@ class SessionItem:
     """How many renews it has had (None: an item without one, reaped as such)."""
     protocol: int | None = None
     """The session protocol of the worker that opened it (None: protocol 1)."""
+    problem: str | None = None
+    """What is damaged on the item (an attribute of the wrong type, a state other than
+    ALIVE or DEAD), when :meth:`from_dynamodb` was asked to read it anyway; the
+    damaged attributes read as missing."""
+    stored_state: Mapping[str, Any] | None = None
+    """For a damaged ``state``: the attribute as stored, which a reap conditions on."""
+    stored_beat: Mapping[str, Any] | None = None
+    """For a damaged ``beat``: the attribute as stored, which a reap conditions on."""
 
     @classmethod
-    def from_dynamodb(cls, raw: Mapping[str, Any]) -> SessionItem:
+    def from_dynamodb(cls, raw: Mapping[str, Any], *, damaged: bool = False) -> SessionItem:
         """Raises :class:`MalformedItemError` for an item that cannot be a session: a
-        sort key without an integer generation, a state other than ALIVE or DEAD, an
-        attribute of the wrong type (docs/DESIGN.md §2.2)."""
+        sort key without an integer generation, and, unless ``damaged`` is allowed, a
+        state other than ALIVE or DEAD or an attribute of the wrong type (docs/DESIGN.md
+        §2.2). A damaged session is still a session: its worker may still renew it, or
+        may have died; listed with its :attr:`problem`, it is watched and reaped like
+        any other (on condition of its damaged attributes as stored), so its
+        connections are never stranded."""
         plain = from_attributes(raw)
         worker_id, _, gen = str(plain.get(schema.SORT_KEY, "")).rpartition("#")
         if not worker_id or not gen.isdigit():
@@ -105,9 +118,22 @@ class SessionItem:
             protocol=_integer_or_none(plain.get(schema.SESSION_PROTOCOL)),
         )
         problem = describe_malformed("session item", read.malformed)
-        if problem is not None:
+        if problem is None:
+            return session
+        if not damaged:
             raise MalformedItemError(key_text(raw), problem)
-        return session
+        return dataclasses.replace(
+            session,
+            # A damaged state reads as a state nobody writes: never ALIVE, reapable.
+            state=state if state in (schema.ALIVE, schema.DEAD, None) else "DAMAGED",
+            problem=problem,
+            stored_state=raw.get(schema.SESSION_STATE)
+            if schema.SESSION_STATE in read.malformed
+            else None,
+            stored_beat=raw.get(schema.SESSION_BEAT)
+            if schema.SESSION_BEAT in read.malformed
+            else None,
+        )
 
     @property
     def alive(self) -> bool:
@@ -284,6 +310,8 @@ def reap_update(
     takers: Takers | None = None,
     *,
     state_absent: bool = False,
+    stored_state: Mapping[str, Any] | None = None,
+    stored_beat: Mapping[str, Any] | None = None,
 ) -> ConditionalUpdate:
     """Mark a lapsed session DEAD, once and for good, on condition that its beat is
     still the one the reaper saw unchanged for the lease (:class:`SessionWatch`; None:
@@ -294,9 +322,16 @@ def reap_update(
     needs ALIVE). ``now_ms`` is recorded for people."""
     state = "attribute_not_exists(#state)" if state_absent else "#state = :alive"
     values = _values(dead=schema.DEAD, now=now_ms, me=reaper)
-    if not state_absent:
+    if stored_state is not None:
+        # A damaged state: the one listed, exactly as stored.
+        state = "#state = :alive"
+        values[":alive"] = dict(stored_state)
+    elif not state_absent:
         values |= _values(alive=schema.ALIVE)
-    if beat is None:
+    if stored_beat is not None:
+        same_beat = "#beat = :beat"
+        values[":beat"] = dict(stored_beat)
+    elif beat is None:
         same_beat = "attribute_not_exists(#beat)"
     else:
         same_beat = "#beat = :beat"

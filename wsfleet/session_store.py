@@ -18,7 +18,7 @@ from wsfleet.checkpoint_page import (
     page_item,
     page_put_condition,
 )
-from wsfleet.item import MalformedItemError, from_attributes, to_attribute
+from wsfleet.item import MalformedItemError, from_attributes, key_text, to_attribute
 from wsfleet.lease_rules import ConditionalUpdate
 from wsfleet.session_rules import RenewRefusal, SessionItem
 from wsfleet.timing import LeaseTiming
@@ -135,7 +135,13 @@ class SessionStore:
             session.worker_id,
             session.session_gen,
             session_rules.reap_update(
-                reaper, now_ms, session.beat, takers, state_absent=session.state is None
+                reaper,
+                now_ms,
+                session.beat,
+                takers,
+                state_absent=session.state is None,
+                stored_state=session.stored_state,
+                stored_beat=session.stored_beat,
             ),
         )
 
@@ -156,7 +162,10 @@ class SessionStore:
 
     def list_sessions(self, report: Report = log_malformed) -> list[SessionItem]:
         """Every session, from the session item collections (no index). An item that is
-        not a session (:class:`MalformedItemError`) is left out and ``report``-ed."""
+        not a session (:class:`MalformedItemError`: no generation in its key) is left
+        out and ``report``-ed; a damaged session (an attribute of the wrong type) is
+        ``report``-ed and listed, with its :attr:`~SessionItem.problem`, so that it is
+        watched and reaped like any other."""
         sessions: list[SessionItem] = []
         for partition in schema.session_partitions():
             start_key: dict[str, Any] | None = None
@@ -172,9 +181,13 @@ class SessionStore:
                 page = self._client.query(**args)
                 for raw in page.get("Items", []):
                     try:
-                        sessions.append(SessionItem.from_dynamodb(raw))
+                        session = SessionItem.from_dynamodb(raw, damaged=True)
                     except MalformedItemError as error:
                         report(error)
+                        continue
+                    if session.problem is not None:
+                        report(MalformedItemError(key_text(raw), session.problem))
+                    sessions.append(session)
                 start_key = page.get("LastEvaluatedKey")
                 if not start_key:
                     break
@@ -184,7 +197,7 @@ class SessionStore:
         raw = self._client.get_item(
             TableName=self._table, Key=_key(worker_id, session_gen), ConsistentRead=True
         ).get("Item")
-        return SessionItem.from_dynamodb(raw) if raw else None
+        return SessionItem.from_dynamodb(raw, damaged=True) if raw else None
 
     def forget(self, session: SessionItem) -> bool:
         """Delete a DEAD session and its page; False when the session is not DEAD."""

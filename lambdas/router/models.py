@@ -267,8 +267,7 @@ class ConnectionView(BaseModel):
     )
     sequence_reset: SequenceReset | None = Field(
         default=None,
-        description="the upstream's last restart of its numbering on this stream; null:"
-        " none seen",
+        description="the upstream's last restart of its numbering on this stream; null: none seen",
     )
     status: Literal["streaming", "connecting", "backing_off", "failed", "pending", "stopped"] = (
         Field(

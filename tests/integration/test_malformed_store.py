@@ -77,7 +77,7 @@ def item_of(ddb: Any, table: str, connection_id: str) -> ConnectionItem:
 # --- sessions and pages -------------------------------------------------------------------
 
 
-def test_a_session_item_that_does_not_decode_leaves_the_others_listed(ddb, table, sessions):
+def test_an_item_that_is_no_session_is_left_out_and_a_damaged_one_listed(ddb, table, sessions):
     assert sessions.open("w1", 1, T0, capacity=5)
     assert sessions.open("w2", 4, T0, capacity=5)
     for bad in (
@@ -88,12 +88,49 @@ def test_a_session_item_that_does_not_decode_leaves_the_others_listed(ddb, table
         session_raw("w6#2", expires_at_ms={"S": "later"}),
     ):
         put(ddb, table, bad)
-    listed = sessions.list_sessions()
-    assert sorted(s.key for s in listed) == [("w1", 1), ("w2", 4)]
+    listed = {s.key: s for s in sessions.list_sessions()}
+    # No generation in the key: no connection can be owned by it. A damaged session
+    # is still a session: listed, with what is damaged, never ALIVE by a damaged state.
+    assert sorted(listed) == [("w1", 1), ("w2", 4), ("w6", 2), ("w7", 2), ("w8", 2)]
+    assert [listed[k].problem is None for k in sorted(listed)] == [True, True, False, False, False]
+    assert "capacity" in (listed[("w7", 2)].problem or "")
+    assert listed[("w7", 2)].alive
+    assert not listed[("w8", 2)].alive
+    assert listed[("w8", 2)].reapable
     reported: list[str] = []
     sessions.list_sessions(lambda error: reported.append(error.key))
     assert len(reported) == 5
     assert all(key.startswith("SESSIONS#") for key in reported)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"beat": {"S": "seven"}},
+        {"started_at_ms": {"S": "then"}, "beat": {"S": "x"}},
+        {"state": {"N": "1"}},
+        {"state": {"S": "ZOMBIE"}},
+    ],
+    ids=["beat", "started and beat", "state a number", "state unknown"],
+)
+def test_a_damaged_session_is_reaped_on_its_damaged_values_as_stored(ddb, table, sessions, damage):
+    assert sessions.open("w1", 1, T0, capacity=5)
+    names = {f"#{n}": n for n in damage}
+    ddb.update_item(
+        TableName=table,
+        Key={"Pk": {"S": schema.session_partition("w1")}, "Sk": {"S": "w1#1"}},
+        UpdateExpression="SET " + ", ".join(f"#{n} = :{n}" for n in damage),
+        ExpressionAttributeNames=names,
+        ExpressionAttributeValues={f":{n}": v for n, v in damage.items()},
+    )
+    (listed,) = sessions.list_sessions()
+    assert listed.problem is not None
+    assert listed.reapable
+    assert sessions.reap(listed, "reaper", LAPSED)
+    found = sessions.get_session("w1", 1)
+    assert found is not None
+    assert (found.state, found.reaped_by) == (schema.DEAD, "reaper")
+    assert not sessions.reap(listed, "another", LAPSED)  # once, as any reap
 
 
 def test_a_renew_refused_with_an_undecodable_item_counts_as_reaped(ddb, table, sessions):
