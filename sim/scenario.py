@@ -132,6 +132,12 @@ class Schedule:
         for _ in range(count):
             at = self.rng.uniform(start, end)
             self.rng.choices(choices, weights)[0](at)
+        # Drawn from a generator of their own: the draws above stay what they were
+        # (the seeds already run keep their scenarios), and a quarter of the seeds get
+        # one of these too.
+        extra = random.Random(self.fleet.seed * 7919 + 17)
+        if extra.random() < 0.25:
+            self.damaged_session_then_crash(extra.uniform(start, end), extra)
         self.quiet_crash(start, end)
         self.faults.sort(key=lambda f: f.at)
 
@@ -189,6 +195,50 @@ class Schedule:
 
         self._on_worker(at, "crash", act, excuse=0.0)
         self._replace_later(at)
+
+    def damaged_session_then_crash(self, at: float, rng: random.Random) -> None:
+        """A hand edit damages a live worker's session item (``started_at_ms`` and
+        ``beat`` as strings: its renews then fail) and the worker dies: its
+        connections must be taken over as after any crash (docs/DESIGN.md §2.2)."""
+        fleet = self.fleet
+        client = SimDynamoDBClient(fleet.engine, lambda: fleet.world.now)
+
+        def act(process: WorkerProcess) -> None:
+            answer = client.query(
+                TableName=TABLE,
+                KeyConditionExpression="#pk = :pk",
+                ExpressionAttributeNames={"#pk": schema.PARTITION_KEY},
+                ExpressionAttributeValues={":pk": {"S": schema.session_partition(process.name)}},
+            )
+            for item in answer.get("Items", []):
+                if item.get(schema.SESSION_STATE) != {"S": schema.ALIVE}:
+                    continue
+                if not item[schema.SORT_KEY]["S"].startswith(f"{process.name}#"):
+                    continue
+                client.update_item(
+                    TableName=TABLE,
+                    Key={k: item[k] for k in (schema.PARTITION_KEY, schema.SORT_KEY)},
+                    UpdateExpression="SET #started = :bad, #beat = :bad",
+                    ExpressionAttributeNames={
+                        "#started": schema.SESSION_STARTED_AT_MS,
+                        "#beat": schema.SESSION_BEAT,
+                    },
+                    ExpressionAttributeValues={":bad": {"S": "damaged"}},
+                )
+            process.crash()
+
+        def run() -> None:
+            alive = fleet.alive()
+            if not alive:
+                return
+            process = rng.choice(alive)
+            monitor = fleet.monitor
+            monitor.event(f"fault: damaged session, then a crash {process.name}")
+            monitor.worker_disturbed(process.name, monitor.now(), monitor.now())
+            act(process)
+
+        self.add(at, "damaged session, then a crash", run, excuse=0.0)
+        self.add(at + rng.uniform(3.0, 15.0), "replacement", self._start_worker)
 
     def quiet_crash(self, start: float, end: float) -> None:
         """A crash in the longest stretch the other faults leave quiet, when it holds
