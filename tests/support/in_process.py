@@ -98,6 +98,8 @@ class Gated:
                 self.calls[name] = self.calls.get(name, 0) + 1
             if hold is not None:
                 hold.pass_through()
+                with self._lock:  # failed while it was held: it ends with no answer
+                    failing = failing or name in self._failing
             if failing:
                 raise ConnectionError(f"{name}: no answer (injected)")
             return attribute(*args, **kwargs)
@@ -153,8 +155,7 @@ async def in_process_worker(
             worker_id=worker_id,
             timing=timing,
             health_file=tmp_path / f"{worker_id}.alive",
-            sqs_wait_seconds=0,
-            **config,
+            **{"sqs_wait_seconds": 0, **config},
         ),
         WorkerDeps(
             store=lease_store,  # type: ignore[arg-type]
