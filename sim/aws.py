@@ -366,6 +366,7 @@ class SimSQS:
         self._lost = lost
         self._unsettled: dict[str, str] = {}
         """Receipt -> body of each message handed to the caller and not settled."""
+        self._exited = False
 
     def _receive(self, max_messages: int) -> list[dict[str, Any]]:
         queue = self._queue
@@ -391,6 +392,12 @@ class SimSQS:
             for message in messages:
                 self._lost(message["Body"])
 
+    def exited(self) -> None:
+        """The process exited: it sends nothing more. A long poll it left waiting ends
+        with nothing when its wait does (a real long poll is one request; the process
+        gone, nothing answers it)."""
+        self._exited = True
+
     def crashed(self) -> None:
         """The process died: what it received and did not settle is lost with it."""
         unsettled, self._unsettled = self._unsettled, {}
@@ -406,6 +413,8 @@ class SimSQS:
         messages = self._receive(MaxNumberOfMessages)
         if not messages and WaitTimeSeconds:
             await_only(queue.wait(caller.loop, WaitTimeSeconds))
+            if self._exited:
+                return {}
             messages = self._receive(MaxNumberOfMessages)
         return {"Messages": messages} if messages else {}
 

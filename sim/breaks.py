@@ -329,6 +329,30 @@ BREAKS: tuple[Break, ...] = (
         ),
     ),
     Break(
+        "P1",
+        "at shutdown the session is retired only once the start-queue poll in flight"
+        " returned, so what it still owns and nobody runs waits for the poll",
+        (
+            (
+                "worker/lifecycle.py",
+                "        await self._retire_session()\n        handed_back = await drained\n",
+                "        handed_back = await drained\n        await self._retire_session()\n",
+            ),
+        ),
+    ),
+    Break(
+        "P5",
+        "the simulator lets an exited worker's long poll wake after the exit and take a"
+        " start hint that then stays invisible with nobody to act on it",
+        (
+            (
+                "sim/aws.py",
+                "            if self._exited:\n                return {}\n",
+                "",
+            ),
+        ),
+    ),
+    Break(
         "sequence restart taken for copies",
         "an upstream that starts its numbering over after a reconnect has its new"
         " messages dropped as copies of the old ones",

@@ -214,6 +214,7 @@ class WorkerProcess:
                 )
         finally:
             self.exited = True
+            self.sqs.exited()
             if self.terminated_at is not None:
                 # A drain hands connections to the others until the process exits: a
                 # crash meanwhile is not a clean failover (invariant 7).
