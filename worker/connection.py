@@ -184,6 +184,8 @@ class ConnectionRunner:
             status=health.status,
             reconnects=health.reconnects,
             last_error=health.last_error,
+            keepalive_sent_ms=health.keepalive_sent_ms,
+            keepalive_answered_ms=health.keepalive_answered_ms,
         )
 
     async def call_handler(self, delivery: Delivery) -> BaseException | None:

@@ -18,6 +18,10 @@ class UpstreamHealth:
         self.status = CONNECTING
         self.reconnects = 0
         self.last_error: str | None = None
+        self.keepalive_sent_ms: int | None = None
+        """Wall ms of the last application-level keepalive sent, during the hold."""
+        self.keepalive_answered_ms: int | None = None
+        """Wall ms of the last answer to one."""
         self._since = now
         self._since_checkpoint = checkpoint
 

@@ -126,7 +126,7 @@ class UpstreamLink:
                         # No hook: no task beside the pump (one per connection adds up).
                         left_because = await consume(ws)
                     else:
-                        link = _Link(ws, self._state, s.wall_ms, connection_id)
+                        link = _Link(ws, self._state, s.wall_ms, connection_id, health)
                         hook = asyncio.create_task(_attached(self._protocol, link))
                         try:
                             left_because = await consume(ws)
@@ -289,8 +289,10 @@ class _Link:
         state: ConnectionState,
         wall_ms: Callable[[], int],
         connection_id: str,
+        health: UpstreamHealth,
     ) -> None:
         self._ws = ws
+        self._health = health
         self._state = state
         self._loop = asyncio.get_running_loop()
         self.wall_ms = wall_ms
@@ -306,6 +308,12 @@ class _Link:
             return False  # past the fence: a superseded owner sends nothing
         await self._ws.send(data)
         return True
+
+    def keepalive_sent(self) -> None:
+        self._health.keepalive_sent_ms = self.wall_ms()
+
+    def keepalive_answered(self) -> None:
+        self._health.keepalive_answered_ms = self.wall_ms()
 
     async def recycle(self, reason: str) -> None:
         self.recycled = reason

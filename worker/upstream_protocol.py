@@ -111,6 +111,14 @@ class LinkPort(Protocol):
         the checkpoint); ``reason`` shows as the attempt's end."""
         ...
 
+    def keepalive_sent(self) -> None:
+        """An application-level keepalive went out (shown in the connection's view)."""
+        ...
+
+    def keepalive_answered(self) -> None:
+        """The upstream answered one (shown in the connection's view)."""
+        ...
+
 
 async def run_attached(protocol: UpstreamProtocol, link: LinkPort) -> None:
     """The protocol's ``attached`` hook, when it has one."""
@@ -412,6 +420,8 @@ class RulesProtocol:
             if control is Control.PONG:
                 if self._clock is not None:
                     self._clock.pong()
+                if link is not None:
+                    link.keepalive_answered()
                 return Heard()
         return self._read(data)
 
@@ -443,6 +453,7 @@ class RulesProtocol:
             if due is Due.SEND:
                 if await link.send(keepalive_frame(keepalive, link.wall_ms())):
                     clock.keepalive_sent(now)
+                    link.keepalive_sent()
                 else:
                     clock.sent(now)  # fenced: try again an interval later, not at once
 

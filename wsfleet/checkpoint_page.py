@@ -8,10 +8,12 @@ where a map of the same entries would take twice that.
 Each entry also says how its connection is doing (docs/DESIGN.md §3.5, "Health"):
 its messages per second over the interval before the write, and, only for a
 connection that is not streaming or has reconnected during the hold, its status, its
-reconnects and its last upstream error. These live in a second packed attribute
-(``health``): the rates as one list in the entries' order, the rest by connection id
-for the few that have any, so a healthy fleet pays a few bytes per connection and
-nothing more, and a reader that knows only ``entries`` still reads the page.
+reconnects and its last upstream error, and, for a connection with an
+application-level keepalive, when its last keepalive went out and when the upstream
+last answered one. These live in a second packed attribute (``health``): the rates as
+one list in the entries' order, the rest by connection id for the few that have any,
+so a healthy fleet pays a few bytes per connection and nothing more, and a reader that
+knows only ``entries`` still reads the page.
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ class PageEntry:
     """Upstream connections lost or refused since this hold began."""
     last_error: str | None = None
     """What ended the last upstream connection, short, never a URL."""
+    keepalive_sent_ms: int | None = None
+    """Wall-clock ms of the last application-level keepalive sent (None: none)."""
+    keepalive_answered_ms: int | None = None
+    """Wall-clock ms of the last answer to one (None: none)."""
 
     @property
     def troubled(self) -> bool:
@@ -80,16 +86,24 @@ def encode_entries(entries: Mapping[str, PageEntry], written_at_ms: int) -> byte
 
 def encode_health(entries: Mapping[str, PageEntry]) -> bytes | None:
     """``{"r": [rate of each entry, in order], "t": {id: [status, reconnects, last
-    error]} for the troubled ones}``; None when there is nothing to say."""
+    error]} for the troubled ones, "k": {id: [keepalive sent, answered]} (wall ms or
+    null) for those with a keepalive}``; None when there is nothing to say."""
     rates = [e.rate for e in entries.values()]
     trouble = {
         cid: [e.status, e.reconnects, e.last_error] for cid, e in entries.items() if e.troubled
     }
-    if not trouble and all(r is None for r in rates):
+    keepalives = {
+        cid: [e.keepalive_sent_ms, e.keepalive_answered_ms]
+        for cid, e in entries.items()
+        if e.keepalive_sent_ms is not None or e.keepalive_answered_ms is not None
+    }
+    if not trouble and not keepalives and all(r is None for r in rates):
         return None
     health: dict[str, Any] = {"r": rates}
     if trouble:
         health["t"] = trouble
+    if keepalives:
+        health["k"] = keepalives
     return zlib.compress(json.dumps(health, separators=(",", ":")).encode(), 6)
 
 
@@ -97,12 +111,13 @@ def decode_entries(
     blob: bytes, written_at_ms: int, health_blob: bytes | None = None
 ) -> dict[str, PageEntry]:
     rows = json.loads(zlib.decompress(blob))
-    rates, trouble = _decode_health(health_blob)
+    rates, trouble, keepalives = _decode_health(health_blob)
     entries: dict[str, PageEntry] = {}
     for i, row in enumerate(rows):
         # A newer version may add fields to a row: this one reads the fields it knows.
         cid, epoch, seq_gen, seq, ago = row[:5]
         status, reconnects, last_error = trouble.get(cid, (STREAMING, 0, None))
+        sent, answered = keepalives.get(cid, (None, None))
         entries[str(cid)] = PageEntry(
             epoch=int(epoch),
             seq_gen=int(seq_gen),
@@ -112,6 +127,8 @@ def decode_entries(
             status=status,
             reconnects=reconnects,
             last_error=last_error,
+            keepalive_sent_ms=sent,
+            keepalive_answered_ms=answered,
         )
     return entries
 
@@ -119,11 +136,17 @@ def decode_entries(
 _Trouble = tuple[str, int, str | None]
 
 
-def _decode_health(blob: bytes | None) -> tuple[list[float | None], dict[str, _Trouble]]:
-    """The rates and troubles of a health blob. Health is for people to read: one that
-    cannot be read is ignored, never in the way of the checkpoints a takeover needs."""
+_Keepalive = tuple[int | None, int | None]
+
+
+def _decode_health(
+    blob: bytes | None,
+) -> tuple[list[float | None], dict[str, _Trouble], dict[str, _Keepalive]]:
+    """The rates, troubles and keepalive times of a health blob. Health is for people to
+    read: one that cannot be read is ignored, never in the way of the checkpoints a
+    takeover needs."""
     if not blob:
-        return [], {}
+        return [], {}, {}
     try:
         health = json.loads(zlib.decompress(blob))
         rates = [None if r is None else float(r) for r in health.get("r") or []]
@@ -131,9 +154,17 @@ def _decode_health(blob: bytes | None) -> tuple[list[float | None], dict[str, _T
             str(cid): (str(status), int(reconnects), None if error is None else str(error))
             for cid, (status, reconnects, error) in (health.get("t") or {}).items()
         }
+        keepalives = {
+            str(cid): (_ms_or_none(sent), _ms_or_none(answered))
+            for cid, (sent, answered) in (health.get("k") or {}).items()
+        }
     except (ValueError, TypeError, AttributeError, zlib.error):
-        return [], {}
-    return rates, trouble
+        return [], {}, {}
+    return rates, trouble, keepalives
+
+
+def _ms_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def round_rate(rate: float) -> float:

@@ -296,6 +296,15 @@ class ConnectionView(BaseModel):
         " interval, two significant digits; null when no live worker runs it or its"
         " owner has not written a checkpoint page for it yet"
     )
+    last_keepalive_sent: str | None = Field(
+        default=None,
+        description="when the owner last sent the protocol's application-level keepalive"
+        " (its spec's keepalive), as of its last checkpoint page; null without one",
+    )
+    last_keepalive_answered: str | None = Field(
+        default=None,
+        description="when the upstream last answered it (the keepalive's pong); null when never",
+    )
 
 
 class StartedConnection(ConnectionView):

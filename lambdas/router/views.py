@@ -140,6 +140,8 @@ def health_fields(
         "reconnects": None,
         "last_error": item.problem or problem,
         "messages_per_second": None,
+        "last_keepalive_sent": None,
+        "last_keepalive_answered": None,
     }
     if item.desired_state != schema.STARTED:
         return fields | {"status": STOPPED}
@@ -165,6 +167,8 @@ def health_fields(
         "reconnects": entry.reconnects,
         "last_error": entry.last_error or problem,
         "messages_per_second": entry.rate,
+        "last_keepalive_sent": _iso(entry.keepalive_sent_ms),
+        "last_keepalive_answered": _iso(entry.keepalive_answered_ms),
     }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from typing import Any
 
 import pytest
@@ -241,3 +242,41 @@ def test_the_keepalive_clock_sends_on_idle_and_every_and_recycles_when_unanswere
 def test_the_router_refuses_rules_that_cannot_work(options, says):
     with pytest.raises(InvalidProtocolError, match=re.escape(says)):
         parse_spec({"name": "json-seq", "options": options})
+
+
+async def test_the_last_keepalive_and_its_answer_show_on_the_connections_page_line():
+    upstream = RuleUpstream(message_every=0.2, answer_client_pings=True)
+    keepalive = {
+        "every_seconds": 0.2,
+        "frame": {"op": "ping"},
+        "pong": {"pointer": "/op", "equals": "pong"},
+    }
+    async with serving(upstream):
+        runner = runner_for(
+            FakeStore(),
+            Recorder(),
+            upstream.url,
+            protocol={"name": "json-seq", "options": {"keepalive": keepalive}},
+        )
+        task = run(runner)
+        loop = asyncio.get_running_loop()
+
+        def line() -> Any:
+            return runner.page_entry(loop.time(), int(time.time() * 1000))
+
+        assert line().keepalive_sent_ms is None
+        await wait_for(lambda: line().keepalive_answered_ms is not None, 10)
+        entry = line()
+        assert entry.keepalive_sent_ms is not None
+        assert entry.keepalive_answered_ms >= entry.keepalive_sent_ms - 5  # the pong came after
+        runner.stop()
+        await asyncio.wait_for(task, 5)
+    # A feed without a keepalive says nothing.
+    async with serving(RuleUpstream()) as plain:
+        runner = runner_for(FakeStore(), Recorder(), plain.url, protocol={"name": "json-seq"})
+        task = run(runner)
+        await wait_for(lambda: runner.checkpoint >= 2, 10)
+        entry = runner.page_entry(asyncio.get_running_loop().time(), int(time.time() * 1000))
+        assert (entry.keepalive_sent_ms, entry.keepalive_answered_ms) == (None, None)
+        runner.stop()
+        await asyncio.wait_for(task, 5)

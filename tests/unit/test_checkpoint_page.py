@@ -203,6 +203,32 @@ def test_only_the_troubled_entries_are_named_in_the_health():
     }
 
 
+KEPT_ALIVE = {
+    **HEALTHY,
+    "c5": PageEntry(
+        4, 0, 12, WRITTEN, rate=1.5, keepalive_sent_ms=WRITTEN - 900, keepalive_answered_ms=None
+    ),
+    "c6": PageEntry(
+        4,
+        0,
+        13,
+        WRITTEN,
+        rate=2,
+        keepalive_sent_ms=WRITTEN - 400,
+        keepalive_answered_ms=WRITTEN - 380,
+    ),
+}
+
+
+def test_the_keepalive_times_are_named_only_for_the_connections_that_have_one():
+    item = page_item("w-1", 4, KEPT_ALIVE, WRITTEN)
+    assert health_of(item) == {
+        "r": [9.8, 0, 1.5, 2],
+        "k": {"c5": [WRITTEN - 900, None], "c6": [WRITTEN - 400, WRITTEN - 380]},
+    }
+    assert page_from_dynamodb(item).entries == KEPT_ALIVE
+
+
 def test_a_page_with_nothing_to_say_of_health_has_no_health_attribute():
     assert "health" not in page_item("w-1", 4, ENTRIES, WRITTEN)
 
@@ -221,8 +247,9 @@ def test_health_round_trips_through_the_item(entries):
         zlib.compress(b"[1,2]"),
         zlib.compress(b'{"t": {"c1": 5}}'),
         zlib.compress(b'{"r": "x"}'),
+        zlib.compress(b'{"k": {"c1": ["x", 1]}}'),
     ],
-    ids=["not zlib", "not an object", "bad trouble", "bad rates"],
+    ids=["not zlib", "not an object", "bad trouble", "bad rates", "bad keepalive"],
 )
 def test_a_health_attribute_that_cannot_be_read_leaves_the_checkpoints_readable(health):
     item = page_item("w-1", 4, HEALTHY, WRITTEN) | {"health": {"B": health}}

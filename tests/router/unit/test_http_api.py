@@ -74,6 +74,8 @@ VIEW_KEYS = {
     "reconnects",
     "last_error",
     "messages_per_second",
+    "last_keepalive_sent",
+    "last_keepalive_answered",
 }
 
 

@@ -270,6 +270,17 @@ def test_health(item: ConnectionItem, owner: OwnerRecords, expected: tuple[Any, 
     assert health(shown(item, owner)) == expected
 
 
+def test_the_last_keepalive_and_its_answer_come_from_the_owners_page() -> None:
+    kept = replace(STREAMING, keepalive_sent_ms=NOW - 2_000, keepalive_answered_ms=NOW - 1_990)
+    view = shown(ITEM, OwnerRecords(SESSION, page_with(kept)))
+    assert (view["last_keepalive_sent"], view["last_keepalive_answered"]) == (
+        "2025-12-31T23:59:58.000+00:00",
+        "2025-12-31T23:59:58.010+00:00",
+    )
+    plain = shown(ITEM, OwnerRecords(SESSION, page_with(STREAMING)))
+    assert (plain["last_keepalive_sent"], plain["last_keepalive_answered"]) == (None, None)
+
+
 def test_every_status_a_view_shows_is_in_the_api_schema() -> None:
     annotation = ConnectionView.model_fields["status"].annotation
     assert set(get_args(annotation)) == set(STATUSES)
