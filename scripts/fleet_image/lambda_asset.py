@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from scripts.fleet_image import settings
+from scripts.fleet_image.task_definition import local_environment
 from websocket_fleet.sources import pins_of
 
 BOOTSTRAP: Final = Path(__file__).with_name("lambda_bootstrap.py")
@@ -57,15 +58,7 @@ class FunctionSpec:
         return match.group(1)
 
     def environment_with(self, supplied: Mapping[str, str]) -> dict[str, str]:
-        env: dict[str, str] = {}
-        missing = []
-        for name, value in self.environment.items():
-            if name in supplied:
-                env[name] = supplied[name]
-            elif isinstance(value, str):
-                env[name] = value
-            else:
-                missing.append(f"{name} ({json.dumps(value)})")
+        env, missing = local_environment(self.environment, supplied)
         if missing:
             raise LambdaAssetError("no local value for " + ", ".join(missing))
         return env

@@ -76,21 +76,31 @@ class ContainerSpec:
     def environment_with(self, supplied: Mapping[str, str]) -> dict[str, str]:
         """The container's variables, each value the template's own string or, for one
         it leaves to CloudFormation, the one ``supplied`` under its name."""
-        env: dict[str, str] = {}
-        missing: list[str] = []
-        for name, value in self.environment.items():
-            if name in supplied:
-                env[name] = supplied[name]
-            elif isinstance(value, str):
-                env[name] = value
-            else:
-                missing.append(f"{name} ({json.dumps(value)})")
+        env, missing = local_environment(self.environment, supplied)
         if missing:
             raise TaskDefinitionError(
                 "no local value for " + ", ".join(missing) + ": the template leaves them to "
                 "CloudFormation; supply them by name"
             )
         return env
+
+
+def local_environment(
+    environment: Mapping[str, Any], supplied: Mapping[str, str]
+) -> tuple[dict[str, str], list[str]]:
+    """A template's variables made local: each the template's own string or, for one it
+    leaves to CloudFormation (a reference, a join), the one ``supplied`` under its
+    name; and those of the latter that nothing supplied, described."""
+    env: dict[str, str] = {}
+    missing: list[str] = []
+    for name, value in environment.items():
+        if name in supplied:
+            env[name] = supplied[name]
+        elif isinstance(value, str):
+            env[name] = value
+        else:
+            missing.append(f"{name} ({json.dumps(value)})")
+    return env, missing
 
 
 _USED: Final = frozenset(

@@ -13,14 +13,12 @@ what was lost from what was renumbered.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from websockets.asyncio.server import ServerConnection, serve
+from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 
@@ -97,15 +95,3 @@ class RestartingUpstream:
                 await asyncio.sleep(self.message_every)
         except ConnectionClosed:
             pass
-
-
-@contextlib.asynccontextmanager
-async def serving(upstream: RestartingUpstream) -> AsyncIterator[RestartingUpstream]:
-    server = await serve(upstream.handler, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    upstream.url = f"ws://127.0.0.1:{port}/feed"
-    try:
-        yield upstream
-    finally:
-        server.close()
-        await server.wait_closed()

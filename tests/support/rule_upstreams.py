@@ -23,7 +23,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import ServerConnection, serve
@@ -111,8 +111,18 @@ class RuleUpstream:
                 await listener
 
 
+class Served(Protocol):
+    url: str
+
+    async def handler(self, ws: ServerConnection) -> None: ...
+
+
+S = TypeVar("S", bound=Served)
+
+
 @contextlib.asynccontextmanager
-async def serving(upstream: RuleUpstream) -> AsyncIterator[RuleUpstream]:
+async def serving(upstream: S) -> AsyncIterator[S]:
+    """Serve ``upstream`` on loopback while the block runs; its ``url`` is set."""
     server = await serve(upstream.handler, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     upstream.url = f"ws://127.0.0.1:{port}/feed"

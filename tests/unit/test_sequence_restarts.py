@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.restarting_upstream import RestartingUpstream, serving
+from tests.support.restarting_upstream import RestartingUpstream
+from tests.support.rule_upstreams import serving
 from tests.unit.test_connection_runner import FakeStore, Recorder, new_metrics, wait_for
 from tests.unit.test_runner_batches import BatchRecorder
 from tests.unit.test_runner_upstreams import run, runner_for
