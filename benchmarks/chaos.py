@@ -30,6 +30,9 @@ carry an upstream fault that fires every 20-60 messages, on every reconnect: an 
 close (``drop_after``), a normal close (``close_after``), a garbage frame, a 2 MiB
 frame, or a peer that stops reading and answering pings (``mute_after``). The feed's
 ``gap_after`` (a deliberate upstream gap) is not used: it would be reported as loss.
+Every second connection speaks a registered plug-in protocol (``demo-seq``,
+:mod:`benchmarks.seq_plugin`) beside the built-in ``json-seq`` of the others: one fleet,
+both kinds, each connection the protocol its start names.
 
 After the fault phase every fault is undone, the fleet is brought back to its size, and
 the run waits until every connection is handled again; then every worker is stopped
@@ -67,6 +70,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks import seq_plugin
 from benchmarks.chaos_audit import (
     BALANCE_WITHIN_S,
     Balance,
@@ -394,7 +398,7 @@ def run(options: Options) -> int:
     forward their final releases), then the proxies, then the servers."""
     rng = random.Random(options.seed)
     plan = plan_faults(rng, options.duration, options.timing)
-    planned = plan_connections(rng, options.connections, options.rate)
+    planned = plan_connections(rng, options.connections, options.rate, seq_plugin.NAME)
     work_dir = options.work_dir or Path(tempfile.mkdtemp(prefix="chaos-"))
     began = time.monotonic()
 
@@ -404,7 +408,9 @@ def run(options: Options) -> int:
     log(f"work dir {work_dir}; {len(plan)} faults planned; machine {json.dumps(machine())}")
     status = EXIT_ERROR
     with LocalServers(work_dir, feeds=1, feed_rate=options.rate) as stack:
-        deployment = stack.deployment("chaos")
+        deployment = stack.deployment(
+            "chaos", upstream_protocols={seq_plugin.NAME: seq_plugin.SPEC}
+        )
         dynamodb_port = int(stack.endpoints.dynamodb.rsplit(":", 1)[1])
         with ProxyThread() as proxies:
             chaos = ChaosRun(options, deployment, proxies, dynamodb_port, rng, log)
@@ -435,7 +441,8 @@ def _drive(
     for connection in planned:
         started_at[connection.connection_id] = time.time()
         url = stack.feed_url(connection.connection_id, connection.params)
-        deployment.start_connection(connection.connection_id, url)
+        protocol = None if connection.protocol is None else {"name": connection.protocol}
+        deployment.start_connection(connection.connection_id, url, protocol)
 
     def all_flowing() -> bool:
         chaos.observe()

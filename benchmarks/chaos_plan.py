@@ -99,12 +99,17 @@ class PlannedConnection:
     params: dict[str, int | float]
     """Feed query parameters."""
     upstream_fault: str | None
+    protocol: str | None = None
+    """The plug-in protocol it speaks (None: the built-in default)."""
 
 
-def plan_connections(rng: random.Random, count: int, rate: float) -> list[PlannedConnection]:
+def plan_connections(
+    rng: random.Random, count: int, rate: float, plugin: str | None = None
+) -> list[PlannedConnection]:
     """``count`` connections at ``rate`` msg/s; every third one carries an upstream fault
     (the kinds in turn) that fires every 20-60 messages, again on every reconnect (the
-    feed counts messages per upstream connection)."""
+    feed counts messages per upstream connection); every second one speaks
+    ``plugin`` when given (a registered plug-in beside the built-in protocol)."""
     planned = []
     for i in range(count):
         params: dict[str, int | float] = {"rate": rate}
@@ -112,5 +117,6 @@ def plan_connections(rng: random.Random, count: int, rate: float) -> list[Planne
         if i % 3 == 0:
             fault = UPSTREAM_FAULTS[(i // 3) % len(UPSTREAM_FAULTS)]
             params[fault] = rng.randint(20, 60)
-        planned.append(PlannedConnection(f"c{i:04d}", params, fault))
+        protocol = plugin if i % 2 else None
+        planned.append(PlannedConnection(f"c{i:04d}", params, fault, protocol))
     return planned

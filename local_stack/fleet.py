@@ -218,9 +218,12 @@ class Deployment:
 
     # -- connections (through the router, as users start them)
 
-    def start_connection(self, connection_id: str, ws_url: str) -> dict[str, Any]:
-        """``POST /connections``; the router's answer (raises ApiError on a refusal)."""
-        return self.api.start(ws_url, connection_id=connection_id)
+    def start_connection(
+        self, connection_id: str, ws_url: str, protocol: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """``POST /connections`` (with ``protocol``, a spec, when given); the router's
+        answer (raises ApiError on a refusal)."""
+        return self.api.start(ws_url, connection_id=connection_id, protocol=protocol)
 
     def stop_connection(self, connection_id: str) -> dict[str, Any]:
         """``DELETE /connections/{id}``; the router's answer."""

@@ -104,12 +104,13 @@ class LocalServers:
         worker_defaults: Mapping[str, str | None] | None = None,
         max_receive_count: int = DEFAULT_MAX_RECEIVE_COUNT,
         visibility_timeout: int = 10,
+        upstream_protocols: Mapping[str, str] | None = None,
     ) -> Deployment:
         """A fresh table and start queue (names made unique), served by a router of its
         own, with a work directory ``<work_dir>/<name>``. Its workers poll SQS for 1 s,
         publish metrics every 5 s and record every delivery (:mod:`local_stack.recording`,
         under ``<work_dir>/<name>/records``), unless ``worker_defaults`` or their own
-        settings say otherwise."""
+        settings say otherwise. ``upstream_protocols``: the plug-ins it registers."""
         suffix = uuid.uuid4().hex[:8]
         work_dir = self.work_dir / name
         deployment = Deployment(
@@ -123,6 +124,7 @@ class LocalServers:
                 **recording_settings(work_dir / "records"),
                 **(worker_defaults or {}),
             },
+            upstream_protocols=upstream_protocols,
         )
         self.deployments.append(deployment)
         deployment.create_resources(
