@@ -112,7 +112,6 @@ class Schedule:
             (self.stale_reads, 1),
             (self.feed_drop, 2),
             (self.feed_silence, 1),
-            (self.feed_restart, 1),
             (self.feed_refusal, 1),
             (self.feed_http10, 1),
             (self.feed_slow, 1),
@@ -133,11 +132,13 @@ class Schedule:
             at = self.rng.uniform(start, end)
             self.rng.choices(choices, weights)[0](at)
         # Drawn from a generator of their own: the draws above stay what they were
-        # (the seeds already run keep their scenarios), and a quarter of the seeds get
-        # one of these too.
+        # (the seeds already run, the regression seeds included, keep their
+        # scenarios), and a quarter of the seeds get each of these too.
         extra = random.Random(self.fleet.seed * 7919 + 17)
         if extra.random() < 0.25:
             self.damaged_session_then_crash(extra.uniform(start, end), extra)
+        if extra.random() < 0.25:
+            self.feed_restart(extra.uniform(start, end), extra)
         self.quiet_crash(start, end)
         self.faults.sort(key=lambda f: f.at)
 
@@ -617,8 +618,8 @@ class Schedule:
 
         self.add(at, "feed drop", act, excuse=1.0, connection_id=connection_id)
 
-    def feed_restart(self, at: float) -> None:
-        connection_id = self._connection()
+    def feed_restart(self, at: float, rng: random.Random) -> None:
+        connection_id = f"c{rng.randrange(self.fleet.shape.connections)}"
 
         def act() -> None:
             self.fleet.monitor.event(f"fault: feed restarts its numbering {connection_id}")

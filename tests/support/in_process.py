@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,7 @@ class Gated:
         self._target = target
         self._holds: dict[str, Hold] = {}
         self._failing: set[str] = set()
+        self._lost: dict[str, int] = {}
         self._lock = threading.Lock()
         self.calls: dict[str, int] = {}
 
@@ -75,6 +76,12 @@ class Gated:
         :meth:`heal`."""
         with self._lock:
             self._failing.add(name)
+
+    def lose_replies(self, name: str, count: int) -> None:
+        """The next ``count`` calls of ``name`` are made, and then raise as a request
+        whose answer was lost would."""
+        with self._lock:
+            self._lost[name] = count
 
     def heal(self, name: str) -> None:
         with self._lock:
@@ -102,7 +109,14 @@ class Gated:
                     failing = failing or name in self._failing
             if failing:
                 raise ConnectionError(f"{name}: no answer (injected)")
-            return attribute(*args, **kwargs)
+            result = attribute(*args, **kwargs)
+            with self._lock:
+                lost = self._lost.get(name, 0)
+                if lost:
+                    self._lost[name] = lost - 1
+            if lost:
+                raise ConnectionError(f"{name}: applied, its answer lost (injected)")
+            return result
 
         return call
 
@@ -141,12 +155,17 @@ async def in_process_worker(
     timing: LeaseTiming = SCALED_TIMING,
     handler: Any = None,
     store: Callable[[LeaseStore], Gated] = Gated,
+    renewals_lose: Mapping[str, int] | None = None,
     **config: Any,
 ) -> AsyncIterator[InProcessWorker]:
-    """Run a worker until the block ends (then shut it down gracefully)."""
+    """Run a worker until the block ends (then shut it down gracefully).
+    ``renewals_lose``: calls of the renew's store whose first answers are lost (by
+    method name), from the start."""
     lease_store = store(LeaseStore(ddb, table, timing))
     sessions = Gated(SessionStore(ddb, table, timing))
     renewals = Gated(SessionStore(ddb, table, timing))
+    for name, count in (renewals_lose or {}).items():
+        renewals.lose_replies(name, count)
     handler = handler or Recorder()
     worker = Worker(
         WorkerConfig(
