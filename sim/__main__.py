@@ -52,7 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", type=int, default=24, help="faults per seed (default 24)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every seed's run")
+    parser.add_argument(
+        "--extra-faults",
+        action="store_true",
+        help="also draw the faults added since the draws were fixed (damaged sessions,"
+        " feeds restarting their numbering)",
+    )
     args = parser.parse_args(argv)
+    if args.extra_faults:
+        os.environ["SIM_EXTRA_FAULTS"] = "1"  # read by each seed's schedule
     if os.environ.get("PYTHONHASHSEED") != "0":
         # The order of a set of strings follows the hash seed: fix it, or a seed
         # would not decide its run.

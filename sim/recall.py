@@ -132,9 +132,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", help="a break's name (repeatable)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument(
+        "--extra-faults",
+        action="store_true",
+        help="also draw the faults added since the draws were fixed (python -m sim --help)",
+    )
+    parser.add_argument(
         "--covered", action="store_true", help="also the breaks another rule covers"
     )
     args = parser.parse_args(argv)
+    if args.extra_faults:
+        os.environ["SIM_EXTRA_FAULTS"] = "1"  # the seeds' processes inherit it
     chosen = [
         b
         for b in BREAKS

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import warnings
 from collections.abc import Callable
@@ -59,6 +60,12 @@ class Fault:
     at: float
     name: str
     act: Callable[[], None]
+
+
+EXTRA_FAULTS = "SIM_EXTRA_FAULTS"
+"""``1``: also draw the faults added since the draws were last fixed (a live worker's
+session damaged by hand, then its crash; a feed restarting its numbering), each in a
+quarter of the seeds (``python -m sim --extra-faults``)."""
 
 
 class Schedule:
@@ -131,14 +138,16 @@ class Schedule:
         for _ in range(count):
             at = self.rng.uniform(start, end)
             self.rng.choices(choices, weights)[0](at)
-        # Drawn from a generator of their own: the draws above stay what they were
-        # (the seeds already run, the regression seeds included, keep their
-        # scenarios), and a quarter of the seeds get each of these too.
-        extra = random.Random(self.fleet.seed * 7919 + 17)
-        if extra.random() < 0.25:
-            self.damaged_session_then_crash(extra.uniform(start, end), extra)
-        if extra.random() < 0.25:
-            self.feed_restart(extra.uniform(start, end), extra)
+        # Drawn only when asked (``--extra-faults``), from a generator of their own:
+        # the draws above stay what they were (the seeds already run, the regression
+        # seeds included, keep their scenarios), and a quarter of the seeds get each of
+        # these too.
+        if os.environ.get(EXTRA_FAULTS) == "1":
+            extra = random.Random(self.fleet.seed * 7919 + 17)
+            if extra.random() < 0.25:
+                self.damaged_session_then_crash(extra.uniform(start, end), extra)
+            if extra.random() < 0.25:
+                self.feed_restart(extra.uniform(start, end), extra)
         self.quiet_crash(start, end)
         self.faults.sort(key=lambda f: f.at)
 
