@@ -329,18 +329,6 @@ BREAKS: tuple[Break, ...] = (
         ),
     ),
     Break(
-        "P1",
-        "at shutdown the session is retired only once the start-queue poll in flight"
-        " returned, so what it still owns and nobody runs waits for the poll",
-        (
-            (
-                "worker/lifecycle.py",
-                "        await self._retire_session()\n        handed_back = await drained\n",
-                "        handed_back = await drained\n        await self._retire_session()\n",
-            ),
-        ),
-    ),
-    Break(
         "P5",
         "the simulator lets an exited worker's long poll wake after the exit and take a"
         " start hint that then stays invisible with nobody to act on it",

@@ -129,11 +129,8 @@ class Lifecycle:
         for runner in list(holdings.runners.values()):
             runner.stop(Ending.SHUTDOWN)
         await self._wait_for_connections()
-        # Retired before the poll in flight is waited for (up to SQS_WAIT_SECONDS + 5 s):
-        # what the session still owns and runs nowhere (a release that got no answer)
-        # goes to the others now; the poll needs no session to hand back what it gets.
-        await self._retire_session()
         handed_back = await drained
+        await self._retire_session()
         self._flush_and_log()
         log.info(
             "worker stopped",

@@ -84,16 +84,11 @@ class SessionCycle:
         standing = self._standing
         delays = backoff_delays(initial=0.1, maximum=timing.heartbeat, rng=self._rng.random)
         gen = standing.gen
-        unanswered_at: float | None = None
-        """When the first attempt to open ``gen`` that got no answer was sent: it may have
-        landed, so ``gen`` is tried again, not left ALIVE in the table for the others to
-        count as a live worker (and to plan takeovers for) until it lapses."""
         while not standing.closing:
             if not await self._table_is_ours():
                 await asyncio.sleep(timing.lease)
                 continue
-            if unanswered_at is None:
-                gen += 1
+            gen += 1
             sent_at = loop.time()
             try:
                 # On the renew's client, with its timeout (the fence window): an answer
@@ -109,22 +104,12 @@ class SessionCycle:
                     standing.max_connections,
                 )
             except Exception as error:
-                log.warning(
-                    "could not open a session", extra={"session_gen": gen, "error": repr(error)}
-                )
-                if unanswered_at is None:
-                    unanswered_at = sent_at
+                # Unknown outcome: the next generation is always fresh.
+                log.warning("could not open a session", extra={"error": repr(error)})
                 await asyncio.sleep(next(delays))
                 continue
             if not opened:
-                if unanswered_at is None:
-                    continue  # another's (an earlier process of this worker id): the next
-                # An attempt without an answer landed: the session is this worker's,
-                # opened no earlier than that attempt was sent, which the fence counts
-                # from (its first renew says if it was reaped meanwhile).
-                sent_at = unanswered_at
-                log.info("an open without an answer had landed", extra={"session_gen": gen})
-            unanswered_at = None
+                continue
             standing.opened(gen, sent_at)
             self._last_renew_sent = sent_at
             self._keeper = SessionKeeper(
