@@ -19,6 +19,7 @@ from scripts.fleet_image import oci, tools
 from scripts.fleet_image.build import BuiltImage
 from scripts.fleet_image.container import Container, ContainerError
 from scripts.fleet_image.task_definition import ContainerSpec, container_spec
+from tests.examples.trade_table import create_trade_table
 from tests.image.templates import SynthesizedTemplate
 from tests.support.fleet import Fleet
 from tests.support.timing import scaled
@@ -185,18 +186,7 @@ def test_an_image_with_a_handler_directory_runs_its_handler_as_the_task_definiti
     spec = container_spec(synthesized_with_handler.template)
     assert spec.environment["HANDLER"] == "recorder:factory"
     records = f"records-{tmp_path.name[-8:]}"
-    fleet.ddb.create_table(
-        TableName=records,
-        KeySchema=[
-            {"AttributeName": "connection_id", "KeyType": "HASH"},
-            {"AttributeName": "seq", "KeyType": "RANGE"},
-        ],
-        AttributeDefinitions=[
-            {"AttributeName": "connection_id", "AttributeType": "S"},
-            {"AttributeName": "seq", "AttributeType": "N"},
-        ],
-        BillingMode="PAY_PER_REQUEST",
-    )
+    create_trade_table(fleet.ddb, records)  # keyed by connection_id and seq, as it needs
     fleet.start_connection("img-h", fleet.feed("img-h", rate=20))
     env = run_env(fleet, spec, RECORD_TABLE=records)
 
