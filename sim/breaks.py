@@ -329,6 +329,18 @@ BREAKS: tuple[Break, ...] = (
         ),
     ),
     Break(
+        "P2",
+        "a call whose short attempts time out is not tried again patiently, so a slow"
+        " worker's acquires land unseen and its listings never come",
+        (
+            (
+                "worker/patient_calls.py",
+                "            return self._timed(patient, args, kwargs)\n",
+                "            return self._timed(short, args, kwargs)\n",
+            ),
+        ),
+    ),
+    Break(
         "P5",
         "the simulator lets an exited worker's long poll wake after the exit and take a"
         " start hint that then stays invisible with nobody to act on it",

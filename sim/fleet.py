@@ -157,7 +157,13 @@ class WorkerProcess:
         # The production clients' timeouts and attempts (worker.aws_clients).
         loop, link = self.loop, self.link
         dynamodb_retries = Retries.of(aws_clients.dynamodb_config(timing, AWS_THREADS))
-        dynamodb = SimDynamoDB(fleet.engine, Caller(loop, link, dynamodb_retries), fleet.hot)
+        patient_retries = Retries.of(aws_clients.patient_config(timing, AWS_THREADS))
+        dynamodb = aws_clients.patient_dynamodb(
+            SimDynamoDB(fleet.engine, Caller(loop, link, dynamodb_retries), fleet.hot),
+            SimDynamoDB(fleet.engine, Caller(loop, link, patient_retries), fleet.hot),
+            timing,
+            loop.time,
+        )
         renew_retries = Retries.of(aws_clients.renew_config(timing))
         renewals = SimDynamoDB(fleet.engine, Caller(loop, link, renew_retries), fleet.hot)
         sqs_calls = Retries.of(aws_clients.sqs_config(AWS_THREADS))

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import boto3
 from botocore.config import Config
 
+from worker.patient_calls import PatientClient, RoundTrips
 from wsfleet.timing import RENEWS_IN_FLIGHT, LeaseTiming
 
 if TYPE_CHECKING:
@@ -33,6 +36,8 @@ _ENDPOINT_VARIABLES = (
 @dataclass(frozen=True, slots=True)
 class Clients:
     dynamodb: DynamoDBClient
+    """Every DynamoDB call but the session renew: short attempts, then a patient one
+    (worker.patient_calls)."""
     renewals: DynamoDBClient
     """The session renew's own client (docs/DESIGN.md §4): never shared."""
     sqs: SQSClient
@@ -43,11 +48,16 @@ class Clients:
     """Secrets Manager, for connections that name a secret (worker.credentials)."""
 
 
+def short_attempt(timing: LeaseTiming) -> float:
+    """A third of a heartbeat, at least 0.5 s: a lost reply costs little."""
+    return max(0.5, timing.heartbeat / 3)
+
+
 def dynamodb_config(timing: LeaseTiming, pool_size: int) -> Config:
-    """Two attempts, each bounded by a third of a heartbeat (at least 0.5 s), so a hung
-    request is abandoned well before the lease is at risk and the renew loop can try
-    again while the fence deadline is still ahead."""
-    per_attempt = max(0.5, timing.heartbeat / 3)
+    """Two short attempts (:func:`short_attempt`), so a hung request is abandoned well
+    before the lease is at risk; a call whose attempts both time out goes once more on
+    the patient client (:func:`patient_config`)."""
+    per_attempt = short_attempt(timing)
     return Config(
         connect_timeout=per_attempt,
         read_timeout=per_attempt,
@@ -69,6 +79,27 @@ def renew_config(timing: LeaseTiming) -> Config:
         retries={"mode": "standard", "total_max_attempts": 1},
         max_pool_connections=RENEWS_IN_FLIGHT + 1,
     )
+
+
+def patient_config(timing: LeaseTiming, pool_size: int) -> Config:
+    """One attempt awaited as long as a renew's: on a path slow enough that every
+    short attempt times out, and yet alive (the renews land), a call is answered here
+    instead of landing unseen (worker.patient_calls)."""
+    as_long_as_a_renew = timing.renew_attempt_timeout
+    return Config(
+        connect_timeout=as_long_as_a_renew,
+        read_timeout=as_long_as_a_renew,
+        retries={"mode": "standard", "total_max_attempts": 1},
+        max_pool_connections=pool_size,
+    )
+
+
+def patient_dynamodb(
+    short: Any, patient: Any, timing: LeaseTiming, clock: Callable[[], float] = time.monotonic
+) -> PatientClient:
+    """The shared DynamoDB client: ``short`` (:func:`dynamodb_config`), then ``patient``
+    (:func:`patient_config`)."""
+    return PatientClient(short, patient, RoundTrips(short_attempt(timing)), clock)
 
 
 SQS_CALL_TIMEOUT = 2
@@ -125,8 +156,17 @@ def make_clients(timing: LeaseTiming, *, sqs_wait_seconds: int, pool_size: int) 
             aws_access_key_id="local", aws_secret_access_key="local", region_name=region
         )
     return Clients(
-        dynamodb=session.client(
-            "dynamodb", region_name=region, config=dynamodb_config(timing, pool_size)
+        dynamodb=cast(
+            "DynamoDBClient",
+            patient_dynamodb(
+                session.client(
+                    "dynamodb", region_name=region, config=dynamodb_config(timing, pool_size)
+                ),
+                session.client(
+                    "dynamodb", region_name=region, config=patient_config(timing, pool_size)
+                ),
+                timing,
+            ),
         ),
         renewals=session.client("dynamodb", region_name=region, config=renew_config(timing)),
         sqs=session.client("sqs", region_name=region, config=sqs_config(pool_size)),

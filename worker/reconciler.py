@@ -12,11 +12,12 @@ it was not renewed, one pass over the table:
    and forget the session and its page once nothing has been seen under it for a full
    lease.
 2. **Own connections** (every four passes, and on the pass after a write whose outcome
-   is unknown). Compare this session's ``by-owner`` entries with what the worker runs,
-   and release the difference (an acquire whose reply was lost must not leave a
-   connection held by a live session and run by nobody), with a ``reassign`` hint for
-   each STARTED one released; an entry stopped or started again under a runner that
-   got no notice of it is read and acted on.
+   is unknown, whether or not the sessions could be listed). Compare this session's
+   ``by-owner`` entries with what the worker runs, and release the difference (an
+   acquire whose reply was lost must not leave a connection held by a live session
+   and run by nobody), with a ``reassign`` hint for each STARTED one released; an
+   entry stopped or started again under a runner that got no notice of it is read
+   and acted on.
 3. **Free connections.** Query two shards of the sparse ``unowned`` index in rotation (every one
    of them while another worker drains) and try to acquire what they hold, in random
    order, up to the worker's room; with balancing on, only what an earlier scan
@@ -189,7 +190,16 @@ class Reconciler:
         """One pass; returns the ids this worker took (by takeover or acquire)."""
         if self._owner.session_gen == 0:
             return []
-        taken, draining = await self.sweep_sessions()
+        try:
+            taken, draining = await self.sweep_sessions()
+        except Exception:
+            # The own-check does not rest on the listing: what this session holds and
+            # nobody runs is given back whatever the other sessions' listing does.
+            # Free connections and balance rounds wait for a listing (they weigh the
+            # others' loads).
+            if self._own_check_due():
+                await self.release_strays()
+            raise
         if self._own_check_due():
             await self.release_strays()
         taken += await self.take_free(every_shard=draining)

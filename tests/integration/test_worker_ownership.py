@@ -5,6 +5,7 @@ held and let go at chosen moments (tests.support.in_process)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -245,4 +246,31 @@ async def test_a_move_the_receiver_declines_is_hinted_not_left_in_the_unowned_in
         assert sessions.offer(worker.worker_id, worker.session_gen, tokens)
         await until(
             lambda: set(worker.owned()) == set(ids), within=15, what="the declined moves taken"
+        )
+
+
+async def test_p2_the_own_check_runs_when_the_session_listing_fails(
+    ddb, table, sqs, queues, control: DesiredStateStore, in_process, feed_url
+):
+    """P2: while every listing of the sessions fails, an acquire (from a start hint)
+    lands and its answer is lost: the connection is this session's, run by nobody.
+    The own-check, due on the next pass, must not wait for the listing: it gives the
+    connection back with a hint, and it runs again."""
+    async with in_process() as running:
+        await until(lambda: running.worker.session_gen == 1, what="session 1 open")
+        running.sessions.fail("list_sessions")
+        running.store.lose_replies("acquire", 1)
+        control.start("c1", f"{feed_url}/c1", now_ms())
+        sqs.send_message(
+            QueueUrl=queues.queue_url,
+            MessageBody=json.dumps({"type": "reassign", "connection_id": "c1"}),
+        )
+        await until(
+            lambda: item(ddb, table, "c1").owner_session_gen == 1,
+            what="the acquire landed",
+        )
+        await until(
+            lambda: running.handler.deliveries,
+            within=2 * running.worker.config.timing.own_check_bound(),
+            what="deliveries after the own-check gave the stray back",
         )

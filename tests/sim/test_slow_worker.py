@@ -1,0 +1,98 @@
+"""A worker that is slow but alive (docs/DESIGN.md §3.11): its DynamoDB round trips lie
+between the shared client's attempt timeout and the renew window, so its renews land
+and its session lives while every other call of its times out, and lands all the same.
+Nothing it is handed, nothing it is told, may go dark or run on for that: the
+simulator's invariants judge it with no excuse for the slowness.
+
+- P2: balance moves to a worker that turns slow ran nowhere for most of the slowdown
+  (its acquires timed out, landed, and were never run; its own-check could not list).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable
+
+import pytest
+
+from sim.fleet import Fleet, Shape, capture_logs
+from sim.invariants import Violation
+from sim.scenario import START
+
+SLOW_ONE_WAY = (0.35, 0.85)
+"""Extra seconds each way: round trips of about 0.7 s and 1.7 s, past the shared
+client's 0.5 s attempt timeout and inside the renew window (1.98 s)."""
+
+
+def _run(
+    shape: Shape, script: Callable[[Fleet], None], until: float, seed: int = 7
+) -> list[Violation]:
+    fleet = Fleet(seed, shape)
+    handler = capture_logs(fleet)
+    root = logging.getLogger()
+    saved = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    try:
+        world = fleet.world
+        world.now = START
+        script(fleet)
+        with warnings.catch_warnings():
+            # The metrics' timestamps are the simulated wall clock's, in another year.
+            warnings.filterwarnings("ignore", message="This metric doesn't meet")
+            world.run_until(until)
+            fleet.monitor.check_streaming(fleet.short_since)
+            fleet.monitor.check_failovers()
+            for process in fleet.processes:
+                if process.alive:
+                    process.terminate()
+            world.run_until(world.now + fleet.timing.shutdown_budget + 5.0)
+        return list(fleet.monitor.violations)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(saved)
+        for process in fleet.processes:
+            process.task.cancel()
+        fleet.world.run_until(fleet.world.now)
+        fleet.world.close()
+
+
+def _slow(fleet: Fleet, name: str, at: float, seconds: float, one_way: float) -> None:
+    def begin() -> None:
+        process = next(p for p in fleet.processes if p.name == name)
+        process.link.brownouts.append((at, at + seconds, one_way))
+        fleet.monitor.event(f"{name}'s DynamoDB slow for {seconds:.0f}s")
+
+    fleet.world.at(at, begin)
+
+
+SHAPE = Shape(
+    workers=2, connections=24, rate=4.0, max_connections=24, duration=80.0, faults=0, batch=False
+)
+
+
+def _start_fleet(fleet: Fleet, workers: int) -> None:
+    for _ in range(workers):
+        fleet.start_worker()
+    for index in range(SHAPE.connections):
+        fleet.world.at(START + 0.5 + index * 0.1, _starter(fleet, f"c{index}"))
+
+
+def _starter(fleet: Fleet, connection_id: str) -> Callable[[], None]:
+    return lambda: fleet.router.start(connection_id)
+
+
+@pytest.mark.parametrize("one_way", SLOW_ONE_WAY)
+def test_moves_to_a_worker_that_turns_slow_run_within_the_crash_bound(one_way: float) -> None:
+    """P2: a third worker joins (the others move a share of their connections to it)
+    and its DynamoDB turns slow as it does, for 30 s."""
+
+    def script(fleet: Fleet) -> None:
+        _start_fleet(fleet, 2)
+        fleet.world.at(START + 15.0, fleet.start_worker)
+        _slow(fleet, "w3", START + 15.5, 30.0, one_way)
+
+    violations = _run(SHAPE, script, START + 60.0)
+    assert [v for v in violations if v.invariant == 3] == []
+    assert violations == []
