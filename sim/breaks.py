@@ -341,6 +341,18 @@ BREAKS: tuple[Break, ...] = (
         ),
     ),
     Break(
+        "P3",
+        "a stop notice ends its runner only once the named item is read, so a worker"
+        " whose reads are slow delivers past the stop bound",
+        (
+            (
+                "worker/notices.py",
+                "        for cid in session_rules.stopped_by_notice(tokens):\n",
+                "        for cid in ():\n",
+            ),
+        ),
+    ),
+    Break(
         "P5",
         "the simulator lets an exited worker's long poll wake after the exit and take a"
         " start hint that then stays invisible with nobody to act on it",

@@ -280,7 +280,7 @@ class ConnectionRunner:
             ending,
             released is not None and released.released,
             self.checkpoint,
-            restarted=ending is Ending.RESTARTED or (released is not None and released.restarted),
+            restarted=ending is Ending.RESTARTED or started_since(ending, released),
             unanswered=unanswered,
         )
 
@@ -378,3 +378,12 @@ class ConnectionRunner:
                 "last_seq": self.checkpoint,
             },
         )
+
+
+def started_since(ending: Ending, released: Released | None) -> bool:
+    """The release found the connection started under a newer generation, or, for a
+    runner stopped on the router's notice alone, started at all: a start came since
+    (docs/DESIGN.md §3.4), and the worker takes it again at once."""
+    if released is None:
+        return False
+    return released.restarted or (ending is Ending.STOPPED and released.started)

@@ -4,10 +4,10 @@ the checks that stand in for a notice that never came.
 A renew's answer carries notices (docs/DESIGN.md §3.4): stops and restarts of the
 session's connections, and offers of connections another worker released for this one
 (a balance move, a drain). Offers are acquired (moves up to this worker's fair share,
-drains up to capacity); the other notices are checked by reading the named items
-strongly, in batches, and the runners that were stopped, restarted, deleted or lost
-are ended. The own-check's listing goes the same way when an entry differs from what
-its runner was started with (``recheck_changed``).
+drains up to capacity); a stop ends its runner at once; the other notices are checked
+by reading the named items strongly, in batches, and the runners that were restarted,
+deleted or lost are ended. The own-check's listing goes the same way when an entry
+differs from what its runner was started with (``recheck_changed``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ from wsfleet.lease_rules import Lease
 from wsfleet.lease_store import LeaseStore
 
 log = logging.getLogger(__name__)
+
+STOPS_REMEMBERED = 4096
+"""Stop notices remembered as acted on: far more than a session holds at once."""
 
 
 class Room(Protocol):
@@ -49,6 +52,8 @@ class Notices:
         self._balancer = balancer
         self._acquire = acquire
         self._send_reassign = send_reassign
+        self._stops_done: dict[str, None] = {}
+        """Stop notices acted on, oldest first (:meth:`_end_stopped`)."""
 
     async def act_on(self, tokens: set[str], acted: set[str]) -> None:
         """The router stopped or restarted some of this session's connections, or
@@ -57,10 +62,41 @@ class Notices:
         accordingly; take the offers. Each token acted on is added to ``acted`` as
         soon as it is (the next renew removes them)."""
         offers = {t for t in tokens if session_rules.notice_kind(t) in session_rules.HANDOFFS}
-        acted |= await self._take_offers(offers)
         others = tokens - offers
+        stopped = self._end_stopped(others)
+        acted |= {t for t in others if session_rules.notice_connection_id(t) in stopped}
+        acted |= await self._take_offers(offers)
+        others = {t for t in others if session_rules.notice_connection_id(t) not in stopped}
         decided = await self._recheck({session_rules.notice_connection_id(t) for t in others})
         acted |= {t for t in others if session_rules.notice_connection_id(t) in decided}
+
+    def _end_stopped(self, tokens: set[str]) -> set[str]:
+        """End at once, on the router's word alone, each runner whose connection's
+        latest notice is a stop: the stop bound holds whenever the renews land, however
+        slow this worker's other reads are (docs/DESIGN.md §3.4). Ending is always
+        safe: the release is conditional, and one that finds the connection started
+        after all takes it again. A stop notice is acted on once: a renew in flight
+        before it was removed returns it again, after the connection may have been
+        started and taken again. The ids decided (one being acquired is decided by its
+        acquire's answer: the notice stays for the next renew)."""
+        done = self._stops_done
+        stops = {t for t in tokens if session_rules.notice_kind(t) == "stop"}
+        fresh = {t for t in stops if t not in done}
+        for token in fresh:
+            done[token] = None
+        while len(done) > STOPS_REMEMBERED:
+            del done[next(iter(done))]
+        ended = set()
+        for cid in session_rules.stopped_by_notice(tokens):
+            if cid in self._holdings.acquiring:
+                continue
+            ended.add(cid)
+            runner = self._holdings.runners.get(cid)
+            named = {t for t in fresh if session_rules.notice_connection_id(t) == cid}
+            if runner is not None and named:
+                log.info("connection stopped by notice", extra={"connection_id": cid})
+                runner.stop(Ending.STOPPED)
+        return ended
 
     async def recheck_changed(self, seen: list[ConnectionItem]) -> None:
         """Entries of this session's ``by-owner`` listing whose desired state or

@@ -48,11 +48,15 @@ class Released:
     """The final checkpoint was written (``seq_gen`` unchanged)."""
     parked: bool = False
     """The connection was parked with the release (§3.7)."""
+    started: bool = False
+    """The item was STARTED when released (a holder that stopped on the router's
+    notice alone finds a start that came since: docs/DESIGN.md §3.4)."""
 
     @classmethod
     def of(cls, old: ConnectionItem | None, lease: Lease, *, checkpointed: bool) -> Released:
         restarted = old is not None and lease_rules.restarted_since(old, lease)
-        return cls(released=True, restarted=restarted, checkpointed=checkpointed)
+        started = old is not None and old.started
+        return cls(released=True, restarted=restarted, checkpointed=checkpointed, started=started)
 
 
 class LeaseStore:

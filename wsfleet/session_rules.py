@@ -393,6 +393,29 @@ DRAIN: Final = "drain"
 HANDOFFS: Final = frozenset((OFFER, DRAIN))
 
 
+def notice_at_ms(token: str) -> int | None:
+    """When the notice was written (the writer's wall clock), None for a token of
+    another shape: between two notices for one connection, the later is the latest
+    word."""
+    parts = token.split(" ")
+    return int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
+
+
+def stopped_by_notice(tokens: Iterable[str]) -> set[str]:
+    """The connections whose latest word from the router among ``tokens`` is a stop
+    (by the time each notice was written; a start of the same millisecond leaves it
+    to the read)."""
+    latest: dict[str, tuple[int, bool]] = {}
+    for token in tokens:
+        kind, at = notice_kind(token), notice_at_ms(token)
+        if kind not in ("stop", "start") or at is None:
+            continue
+        cid = notice_connection_id(token)
+        word = (at, kind == "start")
+        latest[cid] = max(latest.get(cid, word), word)
+    return {cid for cid, (_, start) in latest.items() if not start}
+
+
 def notice_kind(token: str) -> str:
     """``start``, ``stop`` (the router's), :data:`OFFER` or :data:`DRAIN` (another
     worker's)."""

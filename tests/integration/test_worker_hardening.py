@@ -115,7 +115,7 @@ def test_stop_then_start_with_the_same_url_redelivers_nothing(fleet: Fleet, tmp_
     wait_until(lambda: fleet.highest_seq("again") >= 4, scaled(15), "seq 4 to be in flight")
     fleet.stop_connection("again")
     wait_until(
-        lambda: "connection noticed as changed" in worker.log(),
+        lambda: "connection stopped by notice" in worker.log(),
         scaled(2 * TIMING.heartbeat + 2),
         "the stop",
     )

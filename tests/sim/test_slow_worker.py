@@ -6,6 +6,8 @@ simulator's invariants judge it with no excuse for the slowness.
 
 - P2: balance moves to a worker that turns slow ran nowhere for most of the slowdown
   (its acquires timed out, landed, and were never run; its own-check could not list).
+- P3: stops of the slow worker's connections did not end their delivery until its
+  reads answered again; a start again on a new stream went the same way.
 """
 
 from __future__ import annotations
@@ -95,4 +97,32 @@ def test_moves_to_a_worker_that_turns_slow_run_within_the_crash_bound(one_way: f
 
     violations = _run(SHAPE, script, START + 60.0)
     assert [v for v in violations if v.invariant == 3] == []
+    assert violations == []
+
+
+@pytest.mark.parametrize("one_way", SLOW_ONE_WAY)
+def test_stops_and_restarts_sent_to_a_slow_worker_are_honoured(one_way: float) -> None:
+    """P3: one worker of two turns slow for 30 s; the router stops four of its
+    connections, then starts two of them again on a new stream."""
+    stopped: list[str] = []
+
+    def script(fleet: Fleet) -> None:
+        _start_fleet(fleet, 2)
+        _slow(fleet, "w1", START + 15.0, 30.0, one_way)
+
+        def stop_some() -> None:
+            stopped.extend(sorted(fleet.monitor.run_by("w1"))[:4])
+            for connection_id in stopped:
+                fleet.router.stop(connection_id)
+
+        def start_again() -> None:
+            for connection_id in stopped[:2]:
+                fleet.router.start(connection_id, new_stream=True)
+
+        fleet.world.at(START + 20.0, stop_some)
+        fleet.world.at(START + 28.0, start_again)
+
+    violations = _run(SHAPE, script, START + 60.0)
+    assert len(stopped) == 4
+    assert [v for v in violations if v.invariant == 4] == []
     assert violations == []

@@ -883,6 +883,39 @@ def test_the_kind_of_a_notice(token, kind):
 
 
 @pytest.mark.parametrize(
+    ("tokens", "stopped"),
+    [
+        ({"c1 stop 5 n"}, {"c1"}),
+        ({"c1 start 5 n"}, set()),
+        ({"c1 stop 5 n", "c1 start 6 n"}, set()),  # started again since: the read decides
+        ({"c1 start 5 n", "c1 stop 6 n"}, {"c1"}),  # stopped again since
+        ({"c1 start 5 n", "c1 stop 5 m"}, set()),  # the same millisecond: the read decides
+        ({"c1 stop 5 n", "c2 stop 9 n", "c2 start 10 n"}, {"c1"}),
+        ({"c1 stop 10 n", "c1 start 9 n"}, {"c1"}),  # by the time written, not the order
+        ({"c1 offer 7 n", "c2 drain 7 n"}, set()),  # another worker's: never a stop
+        ({"c1 stop x n", "c1 stop"}, set()),  # not of our shape: no time, no word
+        (set(), set()),
+    ],
+)
+def test_the_connections_whose_latest_notice_is_a_stop(tokens, stopped):
+    assert session_rules.stopped_by_notice(tokens) == stopped
+
+
+@pytest.mark.parametrize(
+    ("token", "at"),
+    [
+        ("c1 stop 5 n", 5),
+        ("c1 stop 1800000000000 n", 1800000000000),
+        ("c1 stop", None),
+        ("c1 stop -5 n", None),
+        ("", None),
+    ],
+)
+def test_when_a_notice_was_written(token, at):
+    assert session_rules.notice_at_ms(token) == at
+
+
+@pytest.mark.parametrize(
     ("item", "notices"),
     [
         (session_raw(), {"a offer 1 n", "b offer 1 n"}),
