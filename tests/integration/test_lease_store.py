@@ -439,7 +439,7 @@ def test_release_then_acquire_by_another_resumes_from_the_checkpoint(store, cont
     control.start("c", URL, T0)
     lease = won(store.acquire("c", "w1", GEN, T0))
     assert store.release(lease, 77, T0 + 1_000) == Released(
-        released=True, restarted=False, checkpointed=True
+        released=True, restarted=False, checkpointed=True, started=True
     )
     stored = raw("c")
     assert not {schema.LEASE_OWNER, schema.OWNER_SESSION_GEN, schema.OWNER_KEY} & set(stored)
@@ -471,7 +471,7 @@ def test_release_after_restart_with_new_url_keeps_the_reset_checkpoint(store, co
     assert restarted.outcome is StartOutcome.RESTARTED
     assert schema.FREE_SHARD not in raw("c")  # still owned: the owner is told instead
     released = store.release(lease, 60, T0 + 4_000)
-    assert released == Released(released=True, restarted=True, checkpointed=False)
+    assert released == Released(released=True, restarted=True, checkpointed=False, started=True)
     item = item_of(read, "c")
     assert (item.last_seq, item.ws_url, item.start_gen, item.lease_owner) == (
         0,
@@ -497,7 +497,7 @@ def test_release_after_restart_with_the_same_url_keeps_the_final_checkpoint(stor
     control.stop("c", T0 + 2_000)
     assert control.start("c", URL, T0 + 3_000).outcome is StartOutcome.RESTARTED
     released = store.release(lease, 15, T0 + 4_000)
-    assert released == Released(released=True, restarted=True, checkpointed=True)
+    assert released == Released(released=True, restarted=True, checkpointed=True, started=True)
     again = won(store.acquire("c", "w2", GEN, T0 + 4_001))
     assert (again.last_seq, again.start_gen) == (15, 2)
 
@@ -516,7 +516,7 @@ def test_a_release_retried_after_its_answer_was_lost_counts_as_released(store, c
     )
     assert store.release(lease, 36, T0 + 2_000).released  # landed; its answer lost
     assert store.release(lease, 36, T0 + 2_100) == Released(
-        released=True, restarted=True, checkpointed=False
+        released=True, restarted=True, checkpointed=False, started=True
     )
     item = item_of(read, "c")
     assert (item.lease_owner, item.lease_epoch, item.last_seq) == (None, 1, 0)
@@ -524,7 +524,7 @@ def test_a_release_retried_after_its_answer_was_lost_counts_as_released(store, c
     lease = won(store.acquire("c", "w1", GEN, T0 + 3_000))
     assert store.release(lease, 12, T0 + 4_000).released
     assert store.release(lease, 12, T0 + 4_100) == Released(
-        released=True, restarted=False, checkpointed=True
+        released=True, restarted=False, checkpointed=True, started=True
     )
     # Taken by another since: nothing of this hold's is left.
     won(store.acquire("c", "w2", GEN, T0 + 5_000))
