@@ -28,14 +28,23 @@ python -m scripts.fleet_image lint
 python -m scripts.fleet_image check-lock
 # The simulator's seeds (docs/TESTING.md, "The simulator") run beside pytest on the
 # CPU it leaves idle (SCHED_IDLE: they never take a core from a test), then on both
-# cores once pytest is done. SIM_CI_SEEDS=0 leaves them out.
+# cores once pytest is done; then SIM_CI_EXTRA_SEEDS more with the faults drawn from
+# a generator of their own (--extra-faults: damaged sessions, feeds restarting their
+# numbering, workers slow but alive). SIM_CI_SEEDS=0 leaves them all out.
 sim_seeds="${SIM_CI_SEEDS:-500}"
+sim_extra_seeds="${SIM_CI_EXTRA_SEEDS:-100}"
 sim_log="$(mktemp)"
 sim_pid=""
 if [ "$sim_seeds" -gt 0 ]; then
-  echo "== simulator: $sim_seeds seeds and the regression seeds, in the background"
-  chrt --idle 0 python -m sim --seeds "$sim_seeds" --first-seed 1 --regressions --skip-open \
-    --jobs 2 >"$sim_log" 2>&1 &
+  echo "== simulator: $sim_seeds seeds and the regression seeds, then $sim_extra_seeds with" \
+    "the extra faults, in the background"
+  (
+    chrt --idle 0 python -m sim --seeds "$sim_seeds" --first-seed 1 --regressions --skip-open \
+      --jobs 2 &&
+      { [ "$sim_extra_seeds" -eq 0 ] ||
+        chrt --idle 0 python -m sim --seeds "$sim_extra_seeds" --first-seed 300001 \
+          --extra-faults --jobs 2; }
+  ) >"$sim_log" 2>&1 &
   sim_pid=$!
   trap 'kill "$sim_pid" 2>/dev/null || true' EXIT
 fi
@@ -51,7 +60,7 @@ if [ -n "$sim_pid" ]; then
     exit 1
   fi
   trap - EXIT
-  tail -n 1 "$sim_log"
+  grep '^{' "$sim_log"
 fi
 echo "== cdk synth (offline, cdk-nag)"
 bash scripts/synth.sh

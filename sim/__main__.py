@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         "--extra-faults",
         action="store_true",
         help="also draw the faults added since the draws were fixed (damaged sessions,"
-        " feeds restarting their numbering)",
+        " feeds restarting their numbering, workers slow but alive)",
     )
     args = parser.parse_args(argv)
     if args.extra_faults:

@@ -190,6 +190,7 @@ class WorkerProcess:
             lag_probe_seconds=None,
             metrics_out=io.StringIO(),
             tokens=tokens,
+            dynamodb_path=dynamodb.trips,
         )
         self.worker: Worker | None = None
         # Made now, not when the process first runs: a worker counts as room (and may

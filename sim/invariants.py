@@ -109,7 +109,7 @@ class Monitor:
         self._checkpoint_bound = checkpoint_bound
         self._worker_faults: dict[str | None, list[tuple[float, float]]] = {}
         self._crashed_at: dict[str, float] = {}
-        self._excuses: list[tuple[float, float, str | None, frozenset[str]]] = []
+        self._excuses: list[tuple[float, float, str | None, frozenset[str], str | None]] = []
         self.short_since: float | None = None
         """Since when the fleet has had no room for every connection (None: it has):
         an excuse still open."""
@@ -176,10 +176,13 @@ class Monitor:
         connection_id: str | None = None,
         *,
         but: frozenset[str] = frozenset(),
+        slow: str | None = None,
     ) -> None:
         """Darkness from ``start`` to ``end`` (of one connection, or of every one but
-        those named in ``but``) is the fault's, not the fleet's."""
-        self._excuses.append((start, end, connection_id, but))
+        those named in ``but``) is the fault's, not the fleet's. ``slow``: the worker
+        whose slowness the excuse is for; a gap that worker ends with its own delivery
+        is not excused (a connection handed to a slow worker must run there in time)."""
+        self._excuses.append((start, end, connection_id, but, slow))
 
     def streamed_by(self, worker: str) -> list[str]:
         """The started connections whose stream ``worker`` opened last."""
@@ -261,7 +264,7 @@ class Monitor:
         connection.deliveries += seq - first + 1
         connection.last_delivery = now
         if connection.started and connection.dark_since is not None:
-            self._check_dark(connection_id, connection.dark_since, now)
+            self._check_dark(connection_id, connection.dark_since, now, worker)
             connection.dark_since = now
         connection.last_worker = worker
         line = f"{now:10.3f} {worker} calls epoch {epoch} seq {first}..{seq}"
@@ -368,16 +371,20 @@ class Monitor:
 
     # At the end.
 
-    def _check_dark(self, connection_id: str, since: float, until: float) -> None:
+    def _check_dark(
+        self, connection_id: str, since: float, until: float, ended_by: str | None = None
+    ) -> None:
+        """``ended_by``: the worker whose delivery ends the gap (None: not ended)."""
         healed = since
         if self.short_since is not None and self.short_since <= until:
             healed = until  # the fleet is still short of room: the excuse is open
-        for start, end, about, but in self._excuses:
+        for start, end, about, but, slow in self._excuses:
             if (
                 start <= until
                 and end >= since
                 and about in (None, connection_id)
                 and connection_id not in but
+                and (slow is None or slow != ended_by)
             ):
                 healed = max(healed, end)
         if until - healed > self._dark_bound:
@@ -433,7 +440,7 @@ class Monitor:
         if any(other(s, e) for spans in self._pauses.values() for s, e in spans):
             return True
         return any(
-            other(s, e) for s, e, about, _ in self._excuses if about in (None, connection_id)
+            other(s, e) for s, e, about, *_ in self._excuses if about in (None, connection_id)
         )
 
     def check_failovers(self) -> None:

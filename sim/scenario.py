@@ -64,8 +64,9 @@ class Fault:
 
 EXTRA_FAULTS = "SIM_EXTRA_FAULTS"
 """``1``: also draw the faults added since the draws were last fixed (a live worker's
-session damaged by hand, then its crash; a feed restarting its numbering), each in a
-quarter of the seeds (``python -m sim --extra-faults``)."""
+session damaged by hand, then its crash, and a feed restarting its numbering, each in a
+quarter of the seeds; a worker slow but alive, in half: ``python -m sim
+--extra-faults``)."""
 
 
 class Schedule:
@@ -148,6 +149,8 @@ class Schedule:
                 self.damaged_session_then_crash(extra.uniform(start, end), extra)
             if extra.random() < 0.25:
                 self.feed_restart(extra.uniform(start, end), extra)
+            if extra.random() < 0.5:
+                self.slow_but_alive(extra.uniform(start, end), extra)
         self.quiet_crash(start, end)
         self.faults.sort(key=lambda f: f.at)
 
@@ -249,6 +252,56 @@ class Schedule:
 
         self.add(at, "damaged session, then a crash", run, excuse=0.0)
         self.add(at + rng.uniform(3.0, 15.0), "replacement", self._start_worker)
+
+    def slow_but_alive(self, at: float, rng: random.Random) -> None:
+        """One worker's DynamoDB round trips lie between the shared client's short
+        attempt and the renew window (docs/DESIGN.md §3.11): its renews land and its
+        session lives, while each other call is answered late. Meanwhile the router
+        stops some of the connections it runs and starts one again on a new stream,
+        and, in half the draws, the slow worker is a newcomer the others move a share
+        of their connections to. Nothing is excused: what it runs, what is moved to it
+        and what it is told are judged by the bounds of the undisturbed fleet."""
+        fleet = self.fleet
+        seconds = rng.uniform(5.0, 25.0)
+        # One way, on top of the link's 2-12 ms: round trips of 0.6 to 1.75 s.
+        extra = rng.uniform(0.3, 0.85)
+        newcomer = rng.random() < 0.5
+        stops = rng.randint(1, 3)
+        stop_after, start_after = rng.uniform(0.5, 3.0), rng.uniform(3.0, 8.0)
+
+        def slow(process: WorkerProcess) -> None:
+            now = fleet.world.now
+            fleet.monitor.event(
+                f"fault: slow but alive +{extra:.2f}s for {seconds:.1f}s {process.name}"
+            )
+            process.link.brownouts.append((now, now + seconds, extra))
+            fleet.world.at(now + stop_after, lambda: stop_some(process))
+
+        def stop_some(process: WorkerProcess) -> None:
+            if not process.alive:
+                return
+            ids = sorted(fleet.monitor.run_by(process.name))[:stops]
+            for connection_id in ids:
+                fleet.router.stop(connection_id)
+            if ids:
+                again = ids[0]
+                fleet.world.at(
+                    fleet.world.now + start_after,
+                    lambda: fleet.router.start(again, new_stream=True),
+                )
+
+        def run() -> None:
+            if newcomer:
+                process = fleet.start_worker()
+                # Once its session is open (a few round trips), before the moves come.
+                fleet.world.at(fleet.world.now + 0.5, lambda: slow(process))
+                return
+            alive = fleet.alive()
+            if alive:
+                slow(rng.choice(alive))
+
+        self.add(at, "slow but alive", run)
+        fleet.last_fault_end = max(fleet.last_fault_end, at + 0.5 + seconds + start_after)
 
     def quiet_crash(self, start: float, end: float) -> None:
         """A crash in the longest stretch the other faults leave quiet, when it holds
@@ -479,7 +532,7 @@ class Schedule:
             # write, started again) needs its DynamoDB to run again: excused too.
             fleet = self.fleet
             running = frozenset(fleet.monitor.run_by(process.name))
-            fleet.monitor.excuse(now, now + seconds, but=running)
+            fleet.monitor.excuse(now, now + seconds, but=running, slow=process.name)
             fleet.impair(process, now + seconds)  # the others may have no room for it
             return lambda: None
 

@@ -71,6 +71,7 @@ def main() -> int:
         renewals=SessionStore(clients.renewals, config.table_name, config.timing),
         sqs=clients.sqs,
         sqs_poll=clients.sqs_poll,
+        dynamodb_path=clients.dynamodb_path,
         handler=handler,
         protocol=protocol,
         plugins=plugins,

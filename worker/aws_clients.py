@@ -38,6 +38,8 @@ class Clients:
     dynamodb: DynamoDBClient
     """Every DynamoDB call but the session renew: short attempts, then a patient one
     (worker.patient_calls)."""
+    dynamodb_path: RoundTrips
+    """What ``dynamodb``'s calls say of the path's speed."""
     renewals: DynamoDBClient
     """The session renew's own client (docs/DESIGN.md §4): never shared."""
     sqs: SQSClient
@@ -155,19 +157,14 @@ def make_clients(timing: LeaseTiming, *, sqs_wait_seconds: int, pool_size: int) 
         session = boto3.session.Session(
             aws_access_key_id="local", aws_secret_access_key="local", region_name=region
         )
+    dynamodb = patient_dynamodb(
+        session.client("dynamodb", region_name=region, config=dynamodb_config(timing, pool_size)),
+        session.client("dynamodb", region_name=region, config=patient_config(timing, pool_size)),
+        timing,
+    )
     return Clients(
-        dynamodb=cast(
-            "DynamoDBClient",
-            patient_dynamodb(
-                session.client(
-                    "dynamodb", region_name=region, config=dynamodb_config(timing, pool_size)
-                ),
-                session.client(
-                    "dynamodb", region_name=region, config=patient_config(timing, pool_size)
-                ),
-                timing,
-            ),
-        ),
+        dynamodb=cast("DynamoDBClient", dynamodb),
+        dynamodb_path=dynamodb.trips,
         renewals=session.client("dynamodb", region_name=region, config=renew_config(timing)),
         sqs=session.client("sqs", region_name=region, config=sqs_config(pool_size)),
         sqs_poll=session.client(

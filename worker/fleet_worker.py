@@ -46,6 +46,7 @@ from worker.lifecycle import Lifecycle
 from worker.metrics import FleetMetrics
 from worker.notices import Notices
 from worker.ownership import Ownership
+from worker.patient_calls import RoundTrips
 from worker.protocol_plugins import NO_PLUGINS, ProtocolPlugins
 from worker.reconciler import Reconciler
 from worker.session_cycle import SessionCycle
@@ -97,6 +98,9 @@ class WorkerDeps:
     """The start queue's long poll, whose read timeout outlasts the poll (None: ``sqs``)."""
     plugins: ProtocolPlugins = NO_PLUGINS
     """The plug-in protocols registered by name (``UPSTREAM_PROTOCOLS``), loaded."""
+    dynamodb_path: RoundTrips | None = None
+    """What the shared DynamoDB client's calls say of the path (worker.patient_calls):
+    slow, this worker publishes no room (None: never slow)."""
 
 
 class Worker:
@@ -107,7 +111,12 @@ class Worker:
         """The event loop's clock, once :meth:`run` knows the loop (the same clock)."""
         rng = deps.rng or random.Random()
         self.capacity = Capacity(config.max_connections)
-        self.standing = Standing(config.timing, config.max_connections)
+        path = deps.dynamodb_path
+        self.standing = Standing(
+            config.timing,
+            config.max_connections,
+            slow_path=(lambda: path.slow) if path is not None else (lambda: False),
+        )
         self.holdings = holdings = Holdings()
         self.metrics = FleetMetrics(
             namespace=config.metrics_namespace,
@@ -287,10 +296,17 @@ class Worker:
 
     def load(self) -> tuple[int, int]:
         """Connections run now, and the capacity the session publishes (0 while closing)."""
-        return len(self.holdings.runners), self.standing.published_capacity()
+        running = len(self.holdings.runners)
+        return running, self.standing.published_capacity(running)
+
+    def takeover_room(self, free: int) -> int:
+        return self.standing.takeover_room(free)
 
     def movable(self) -> list[str]:
-        """Connections that may be handed off: run under the open session, not ending."""
+        """Connections that may be handed off: run under the open session, not ending;
+        none while the path is slow (each release would take seconds, and they flow)."""
+        if self.standing.slow_path():
+            return []
         return self.holdings.movable(self.standing.session_gen)
 
     async def hand_off(self, connection_ids: Sequence[str]) -> list[str]:

@@ -14,6 +14,7 @@ is conditional and recognises its own earlier landing (docs/DESIGN.md §3.2).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError, ConnectTimeoutError, ReadTimeoutError
+
+log = logging.getLogger(__name__)
 
 TIMEOUTS = (ReadTimeoutError, ConnectTimeoutError)
 """What a slow path raises (an error answer, or a refused connection, is no sign of
@@ -87,8 +90,7 @@ class PatientClient:
         try:
             result = method(*args, **kwargs)
         except TIMEOUTS:
-            with self._lock:
-                self.trips.timed_out()
+            self._record(self.trips.timed_out)
             raise
         except ClientError:
             # An error answer (a failed condition, say) is an answer all the same.
@@ -98,5 +100,19 @@ class PatientClient:
         return result
 
     def _answered(self, seconds: float) -> None:
+        self._record(lambda: self.trips.answered(seconds))
+
+    def _record(self, outcome: Callable[[], None]) -> None:
         with self._lock:
-            self.trips.answered(seconds)
+            was = self.trips.slow
+            outcome()
+            now = self.trips.slow
+        if now != was:
+            if now:
+                log.warning(
+                    "DynamoDB round trips are longer than a short attempt: calls go to"
+                    " the patient client, and this worker publishes no room",
+                    extra={"short_attempt_seconds": self.trips.short_attempt},
+                )
+            else:
+                log.info("DynamoDB round trips are short again")

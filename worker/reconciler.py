@@ -95,6 +95,10 @@ class Owner(Protocol):
 
     def holds(self, connection_id: str) -> bool: ...
 
+    def takeover_room(self, free: int) -> int:
+        """Of ``free`` slots, how many a reap of this worker names it for."""
+        ...
+
     def recently_released(self, connection_id: str) -> bool: ...
 
     def take_doubt(self) -> bool:
@@ -290,7 +294,7 @@ class Reconciler:
                 if item.started and not item.parked and item.problem is None
             ],
             reaper=me,
-            room=self._capacity.free,
+            room=self._owner.takeover_room(self._capacity.free),
             sessions=sessions,
             overdue=self.watch.overdue(sessions, self._clock()),
         )

@@ -120,7 +120,7 @@ class SessionCycle:
                 SessionEvents(self._renewed, self._renew_failed, self._reaped, self._given_up),
                 wall_ms=self._wall_ms,
                 connections=self._connections,
-                capacity=standing.published_capacity,
+                capacity=lambda: standing.published_capacity(len(self._holdings.runners)),
                 first_renew_at=sent_at + timing.heartbeat,
                 opened_at=sent_at,
                 threads=self._threads,

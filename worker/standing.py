@@ -9,6 +9,7 @@ times are the event loop's, passed in.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from wsfleet import lease_rules
@@ -32,6 +33,9 @@ class Standing:
     """A write whose outcome is unknown (an acquire or takeover that raised, a release
     that never got an answer): the next reconcile pass lists this session's own entries
     instead of waiting for its turn."""
+    slow_path: Callable[[], bool] = field(default=lambda: False)
+    """Whether this worker's DynamoDB round trips are longer than a short attempt
+    (worker.patient_calls): it is slow but alive, and takes no work it may leave."""
     suspect_gens: dict[int, float] = field(default_factory=dict)
     """Earlier sessions of this worker under which a write may have landed unseen (an
     acquire or takeover without an answer, a give-back that never got one), with when
@@ -57,9 +61,21 @@ class Standing:
         """A session is open and was renewed recently enough to take work under it."""
         return self.session_gen > 0 and self.deadline - now > self.timing.heartbeat
 
-    def published_capacity(self) -> int:
-        """The capacity the session publishes (0 while closing)."""
-        return 0 if self.closing else self.max_connections
+    def published_capacity(self, running: int) -> int:
+        """The capacity the session publishes: 0 while closing; while the path is
+        slow, what it runs (``running``): no room, so no balance move is sent to it and
+        no reap names it as a taker (docs/DESIGN.md §3.11). Only the worker itself
+        moves what it runs, and it moves nothing while slow (``Worker.movable``)."""
+        if self.closing:
+            return 0
+        if self.slow_path():
+            return min(self.max_connections, running)
+        return self.max_connections
+
+    def takeover_room(self, free: int) -> int:
+        """Of ``free`` slots, how many this worker names itself for when it reaps: none
+        while its path is slow (each takeover would take round trips of seconds)."""
+        return 0 if self.slow_path() else free
 
     def suspect(self, gen: int, now: float) -> None:
         """A write under session ``gen`` got no answer at ``now``."""

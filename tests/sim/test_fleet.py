@@ -21,7 +21,7 @@ def test_a_worker_counts_as_room_from_the_instant_it_starts() -> None:
         fleet.world.now += 5.0
         fleet.start_worker()
         assert fleet.short_since is None  # 24 slots: room again, from this instant
-        assert (1000.0, 1005.0, None, frozenset()) in fleet.monitor._excuses
+        assert (1000.0, 1005.0, None, frozenset(), None) in fleet.monitor._excuses
         first.terminate()  # not run yet: a SIGTERM reaches it all the same
         assert fleet.short_since == 1005.0
         assert first.stop.is_set()
@@ -60,7 +60,7 @@ def test_a_worker_lost_during_a_brownout_can_leave_no_room_for_the_slow_workers_
         assert fleet.short_since == 1002.0  # 30 slots
         fleet.world.run_until(1010.0)  # the brownout ends: its worker is room again
         assert fleet.short_since is None
-        assert (1002.0, 1010.0, None, frozenset()) in fleet.monitor._excuses
+        assert (1002.0, 1010.0, None, frozenset(), None) in fleet.monitor._excuses
     finally:
         for process in fleet.processes:
             process.task.cancel()

@@ -175,6 +175,23 @@ def test_an_excuse_but_some_connections_leaves_their_darkness_a_violation() -> N
     assert [(v.invariant, v.what.split(":")[0]) for v in m.violations] == [(3, "c1")]
 
 
+def test_a_slow_workers_excuse_leaves_what_it_then_runs_late_a_violation() -> None:
+    """A connection handed to a slow worker after its slowness began must run there in
+    time: a gap that the slow worker ends with its own delivery is not excused by its
+    slowness; one another worker ends is (P2, docs/DESIGN.md §3.11)."""
+    clock = Clock(100.0)
+    m = monitor(clock)
+    for cid in ("c1", "c2"):
+        m.started(cid)
+        m.call_started("w1", cid, 1, "s0", 1, 1)
+        m.call_ended("w1", cid, returned=True)
+    m.excuse(101.0, 120.0, slow="w2")
+    clock.now = 119.0
+    m.call_started("w2", "c1", 2, "s0", 2, 2)  # moved to the slow worker: 18 s dark
+    m.call_started("w3", "c2", 2, "s0", 2, 2)  # taken by another: the fault's
+    assert [(v.invariant, v.what.split(":")[0]) for v in m.violations] == [(3, "c1")]
+
+
 def test_darkness_while_the_fleet_is_still_short_of_room_is_excused() -> None:
     """A connection that finds room again while the fleet is still short of it was
     waiting for room: its shortage's excuse is open until room is back (seed 159 on
