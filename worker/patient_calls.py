@@ -41,12 +41,9 @@ class RoundTrips:
     patient client, and the worker takes no work it has a choice about (moves)."""
 
     def answered(self, seconds: float) -> None:
-        """A call was answered after ``seconds``."""
+        """A call was answered after ``seconds``. Only answers tell the path's speed:
+        an attempt that timed out may have had its reply lost on a fast path."""
         self.slow = seconds > self.short_attempt
-
-    def timed_out(self) -> None:
-        """A call's attempts timed out."""
-        self.slow = True
 
 
 class PatientClient:
@@ -89,9 +86,6 @@ class PatientClient:
         started = self._clock()
         try:
             result = method(*args, **kwargs)
-        except TIMEOUTS:
-            self._record(self.trips.timed_out)
-            raise
         except ClientError:
             # An error answer (a failed condition, say) is an answer all the same.
             self._answered(self._clock() - started)
@@ -100,12 +94,9 @@ class PatientClient:
         return result
 
     def _answered(self, seconds: float) -> None:
-        self._record(lambda: self.trips.answered(seconds))
-
-    def _record(self, outcome: Callable[[], None]) -> None:
         with self._lock:
             was = self.trips.slow
-            outcome()
+            self.trips.answered(seconds)
             now = self.trips.slow
         if now != was:
             if now:
