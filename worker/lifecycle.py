@@ -129,8 +129,11 @@ class Lifecycle:
         for runner in list(holdings.runners.values()):
             runner.stop(Ending.SHUTDOWN)
         await self._wait_for_connections()
-        handed_back = await drained
+        # Retired before the poll in flight is waited for (up to SQS_WAIT_SECONDS + 5 s):
+        # what the session owns and nobody runs (an acquire that landed unseen) is the
+        # others' to take over from the retire on, not after the poll.
         await self._retire_session()
+        handed_back = await drained
         self._flush_and_log()
         log.info(
             "worker stopped",

@@ -12,52 +12,15 @@ simulator's invariants judge it with no excuse for the slowness.
 
 from __future__ import annotations
 
-import logging
-import warnings
-from collections.abc import Callable
-
 import pytest
 
-from sim.fleet import Fleet, Shape, capture_logs
-from sim.invariants import Violation
+from sim.fleet import Fleet, Shape
 from sim.scenario import START
+from tests.support.sim_script import run_script, start_connections
 
 SLOW_ONE_WAY = (0.35, 0.85)
 """Extra seconds each way: round trips of about 0.7 s and 1.7 s, past the shared
 client's 0.5 s attempt timeout and inside the renew window (1.98 s)."""
-
-
-def _run(
-    shape: Shape, script: Callable[[Fleet], None], until: float, seed: int = 7
-) -> list[Violation]:
-    fleet = Fleet(seed, shape)
-    handler = capture_logs(fleet)
-    root = logging.getLogger()
-    saved = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.WARNING)
-    try:
-        world = fleet.world
-        world.now = START
-        script(fleet)
-        with warnings.catch_warnings():
-            # The metrics' timestamps are the simulated wall clock's, in another year.
-            warnings.filterwarnings("ignore", message="This metric doesn't meet")
-            world.run_until(until)
-            fleet.monitor.check_streaming(fleet.short_since)
-            fleet.monitor.check_failovers()
-            for process in fleet.processes:
-                if process.alive:
-                    process.terminate()
-            world.run_until(world.now + fleet.timing.shutdown_budget + 5.0)
-        return list(fleet.monitor.violations)
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(saved)
-        for process in fleet.processes:
-            process.task.cancel()
-        fleet.world.run_until(fleet.world.now)
-        fleet.world.close()
 
 
 def _slow(fleet: Fleet, name: str, at: float, seconds: float, one_way: float) -> None:
@@ -77,12 +40,7 @@ SHAPE = Shape(
 def _start_fleet(fleet: Fleet, workers: int) -> None:
     for _ in range(workers):
         fleet.start_worker()
-    for index in range(SHAPE.connections):
-        fleet.world.at(START + 0.5 + index * 0.1, _starter(fleet, f"c{index}"))
-
-
-def _starter(fleet: Fleet, connection_id: str) -> Callable[[], None]:
-    return lambda: fleet.router.start(connection_id)
+    start_connections(fleet, SHAPE.connections)
 
 
 @pytest.mark.parametrize("one_way", SLOW_ONE_WAY)
@@ -95,7 +53,7 @@ def test_moves_to_a_worker_that_turns_slow_run_within_the_crash_bound(one_way: f
         fleet.world.at(START + 15.0, fleet.start_worker)
         _slow(fleet, "w3", START + 15.5, 30.0, one_way)
 
-    violations = _run(SHAPE, script, START + 60.0)
+    violations = run_script(SHAPE, script, START + 60.0)
     assert [v for v in violations if v.invariant == 3] == []
     assert violations == []
 
@@ -122,7 +80,7 @@ def test_stops_and_restarts_sent_to_a_slow_worker_are_honoured(one_way: float) -
         fleet.world.at(START + 20.0, stop_some)
         fleet.world.at(START + 28.0, start_again)
 
-    violations = _run(SHAPE, script, START + 60.0)
+    violations = run_script(SHAPE, script, START + 60.0)
     assert len(stopped) == 4
     assert [v for v in violations if v.invariant == 4] == []
     assert violations == []
