@@ -16,7 +16,7 @@ import asyncio
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from botocore.config import Config
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
@@ -89,13 +89,21 @@ class Caller:
         attempt = 0
         while True:
             try:
-                return self._attempt(operation, apply)
+                result = self._attempt(operation, apply)
             except (ClientError, ReadTimeoutError, EndpointConnectionError) as error:
+                if isinstance(error, ClientError):
+                    # As botocore says how many retries an answer took.
+                    response = cast(dict[str, Any], error.response)
+                    response.setdefault("ResponseMetadata", {})["RetryAttempts"] = attempt
                 attempt += 1
                 if attempt >= self.retries.attempts or not _retryable(error):
                     raise
                 base = 1.0 if _throttled(error) else 0.05
                 self._sleep(rng.random() * min(base * 2**attempt, 20.0))
+                continue
+            if isinstance(result, dict):
+                result.setdefault("ResponseMetadata", {})["RetryAttempts"] = attempt
+            return result
 
     def _sleep(self, seconds: float) -> None:
         loop = self.loop

@@ -342,13 +342,13 @@ BREAKS: tuple[Break, ...] = (
     ),
     Break(
         "P2",
-        "a call whose short attempts time out is not tried again patiently, so a slow"
-        " worker's acquires land unseen and its listings never come",
+        "a slow worker's calls keep to the short attempts, so its acquires land unseen"
+        " and its listings never come",
         (
             (
                 "worker/patient_calls.py",
-                "            return self._timed(patient, args, kwargs)\n",
-                "            return self._timed(short, args, kwargs)\n",
+                "            method = patient if self.trips.slow else short\n",
+                "            method = short\n",
             ),
         ),
     ),

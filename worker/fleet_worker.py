@@ -238,6 +238,7 @@ class Worker:
             threads=deps.threads,
             wall_ms=deps.wall_ms,
             rng=rng,
+            round_trip=path.answered if path is not None else lambda seconds: None,
         )
         self.lifecycle = Lifecycle(
             config,

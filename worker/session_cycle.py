@@ -53,11 +53,13 @@ class SessionCycle:
         threads: Threads,
         wall_ms: Callable[[], int],
         rng: random.Random,
+        round_trip: Callable[[float], object] = lambda seconds: None,
     ) -> None:
         """``sessions``: opens and retires at shutdown (on the shared executor);
         ``renewals``: the renew's own store, also used to retire a session given up;
         ``opened``: told when a session has just been opened; ``connections``: what
-        the session publishes as this worker's connections."""
+        the session publishes as this worker's connections; ``round_trip``: told how
+        long each renew that landed took, send to answer (worker.patient_calls)."""
         self._worker_id = worker_id
         self._sessions = sessions
         self._renewals = renewals
@@ -71,6 +73,7 @@ class SessionCycle:
         self._threads = threads
         self._wall_ms = wall_ms
         self._rng = rng
+        self._round_trip = round_trip
         self._keeper: SessionKeeper | None = None
         self._last_renew_sent: float | None = None
         self._opening: asyncio.Task[None] | None = None
@@ -180,6 +183,7 @@ class SessionCycle:
         if gen != standing.session_gen:
             return
         now = asyncio.get_running_loop().time()
+        self._round_trip(now - sent_at)
         gap = None if self._last_renew_sent is None else sent_at - self._last_renew_sent
         self._last_renew_sent = sent_at
         self._metrics.renew_lateness(lateness)
