@@ -117,6 +117,17 @@ class Ownership:
         transactions, :meth:`LeaseStore.take_over_many`), as many as there are free
         slots; returns the ids taken."""
         holdings = self._holdings
+        in_flight = {
+            task
+            for item in seen
+            if (task := holdings.acquiring.get(item.connection_id)) is not None
+        }
+        if in_flight:
+            # An acquire of one of them may be in flight (a sweeper's hint of what was
+            # handed to the dead session): it answers "held", the dead session owning
+            # it, and skipped here the connection waited for the next pass (seed 91).
+            # As for a single acquire, wait for it and take what it did not win.
+            await asyncio.wait(in_flight)
         if self._standing.closing or not self._standing.ready(_now()):
             return []
         chosen: list[ConnectionItem] = []

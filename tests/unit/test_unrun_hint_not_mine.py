@@ -19,7 +19,7 @@ import pytest
 from tests.support.bare_worker import bare_worker
 from worker.acquire_result import AcquireResult
 from wsfleet.item import ConnectionItem
-from wsfleet.lease_rules import Lease, TakeoverStep
+from wsfleet.lease_rules import AcquireRefusal, Lease, TakeoverStep
 from wsfleet.lease_store import Released
 from wsfleet.timing import LeaseTiming
 
@@ -149,3 +149,40 @@ async def test_a_batch_won_under_a_lost_session_is_given_back_side_by_side() -> 
     assert sorted(in_flight) == ids
     assert saw_all == [True] * len(ids), "given back one at a time"
     assert w.capacity.free == w.config.max_connections
+
+
+async def test_a_takeover_waits_for_an_acquire_in_flight_and_takes_what_it_did_not_win() -> None:
+    """A sweeper hints what was handed to the dead session; its own acquire of that
+    hint answers "held" (the dead session owns it). A takeover batch of the same
+    sweep that skipped the connection while the acquire flew left it for the next
+    pass, 3.98 s dark against the 3.92 s crash bound (seed 91 on the draws of this
+    commit): the batch waits for the acquire and takes it over."""
+    w = bare_worker(TIMING)
+    w.standing.gen, w.standing.live = 2, True
+    w.standing.deadline = asyncio.get_running_loop().time() + TIMING.lease
+    sent, answer = threading.Event(), threading.Event()
+    batches: list[list[str]] = []
+
+    def acquire(*args: Any) -> Any:
+        sent.set()
+        answer.wait(5.0)
+        return AcquireRefusal.HELD
+
+    def take_over_many(chunk: list[ConnectionItem], *args: Any, **kwargs: Any) -> Any:
+        batches.append([item.connection_id for item in chunk])
+        return {item.connection_id: TakeoverStep.GONE for item in chunk}
+
+    w.ownership._store.acquire = acquire  # type: ignore[method-assign]
+    w.ownership._store.take_over_many = take_over_many  # type: ignore[method-assign]
+    hinted = asyncio.create_task(w.ownership.acquire("c1"))
+    assert await asyncio.to_thread(sent.wait, 5.0)  # the hint's acquire in flight
+    listed = [cast(ConnectionItem, SimpleNamespace(connection_id=c)) for c in ("c1", "c2")]
+    dead = cast(Any, SimpleNamespace(expires_at_ms=0))
+    batch = asyncio.create_task(w.take_over_many(listed, dead, None))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert not batch.done()  # waits for the acquire
+    answer.set()
+    assert await hinted is AcquireResult.HELD
+    await batch
+    assert batches == [["c1", "c2"]]
