@@ -5,12 +5,14 @@ faults, with the invariants of :mod:`sim.invariants` checked as it runs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import logging
 import math
 import random
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -501,3 +503,22 @@ def capture_logs(fleet: Fleet) -> logging.Handler:
 
     handler = ToTrail(logging.WARNING)
     return handler
+
+
+@contextlib.contextmanager
+def watched(fleet: Fleet) -> Iterator[None]:
+    """While a run goes: the processes' warnings and errors go into the monitor's
+    trail (:func:`capture_logs`), and the metrics' timestamps, the simulated wall
+    clock's in another year, warn nothing."""
+    handler = capture_logs(fleet)
+    root = logging.getLogger()
+    saved_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="This metric doesn't meet")
+            yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(saved_level)

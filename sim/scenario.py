@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import random
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sim import upstreams
 from sim.dynamodb import SimDynamoDBClient
-from sim.fleet import TABLE, Fleet, Shape, WorkerProcess, capture_logs
+from sim.fleet import TABLE, Fleet, Shape, WorkerProcess, watched
 from sim.invariants import Violation
 from wsfleet import schema
 from wsfleet.timing import DRIFT_RATE
@@ -978,19 +976,8 @@ def run_seed(seed: int, *, duration: float = 180.0, faults: int = 24) -> Result:
     rng = random.Random(seed)
     shape = Shape.draw(rng, duration=duration, faults=faults)
     fleet = Fleet(seed, shape)
-    handler = capture_logs(fleet)
-    root = logging.getLogger()
-    saved_level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            # The metrics' timestamps are the simulated wall clock's, in another year.
-            warnings.filterwarnings("ignore", message="This metric doesn't meet")
-            return _run(fleet, rng, shape)
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(saved_level)
+    with watched(fleet):
+        return _run(fleet, rng, shape)
 
 
 def _run(fleet: Fleet, rng: random.Random, shape: Shape) -> Result:

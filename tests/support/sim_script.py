@@ -3,11 +3,9 @@ judges the run by the promises, with no excuse but those the script makes."""
 
 from __future__ import annotations
 
-import logging
-import warnings
 from collections.abc import Callable
 
-from sim.fleet import Fleet, Shape, capture_logs
+from sim.fleet import Fleet, Shape, watched
 from sim.invariants import Violation
 from sim.scenario import START
 
@@ -18,18 +16,11 @@ def run_script(
     """Run ``script`` (it schedules its events on ``fleet.world``) from ``START`` to
     ``until``, check the streams, then SIGTERM every worker left; the violations."""
     fleet = Fleet(seed, shape)
-    handler = capture_logs(fleet)
-    root = logging.getLogger()
-    saved = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.WARNING)
     try:
-        world = fleet.world
-        world.now = START
-        script(fleet)
-        with warnings.catch_warnings():
-            # The metrics' timestamps are the simulated wall clock's, in another year.
-            warnings.filterwarnings("ignore", message="This metric doesn't meet")
+        with watched(fleet):
+            world = fleet.world
+            world.now = START
+            script(fleet)
             world.run_until(until)
             fleet.monitor.check_streaming(fleet.short_since)
             fleet.monitor.check_failovers()
@@ -39,8 +30,6 @@ def run_script(
             world.run_until(world.now + fleet.timing.shutdown_budget + 5.0)
         return list(fleet.monitor.violations)
     finally:
-        root.removeHandler(handler)
-        root.setLevel(saved)
         for process in fleet.processes:
             process.task.cancel()
         fleet.world.run_until(fleet.world.now)
