@@ -160,15 +160,21 @@ def test_a_connection_dark_until_its_stop_breaks_invariant_3() -> None:
     assert invariants(m) == [3]
 
 
-def test_an_excuse_but_some_connections_leaves_their_darkness_a_violation() -> None:
-    """A slow worker's DynamoDB excuses what it holds without running it, never what it
-    runs (docs/DESIGN.md §3.11)."""
-    clock = Clock(100.0)
+def two_delivered_by_w1(clock: Clock) -> Monitor:
+    """A monitor where c1 and c2 were started and w1 delivered seq 1 of each."""
     m = monitor(clock)
     for cid in ("c1", "c2"):
         m.started(cid)
         m.call_started("w1", cid, 1, "s0", 1, 1)
         m.call_ended("w1", cid, returned=True)
+    return m
+
+
+def test_an_excuse_but_some_connections_leaves_their_darkness_a_violation() -> None:
+    """A slow worker's DynamoDB excuses what it holds without running it, never what it
+    runs (docs/DESIGN.md §3.11)."""
+    clock = Clock(100.0)
+    m = two_delivered_by_w1(clock)
     m.excuse(101.0, 120.0, but=frozenset({"c1"}))
     clock.now = 125.0
     m.check_streaming()
@@ -180,11 +186,7 @@ def test_a_slow_workers_excuse_leaves_what_it_then_runs_late_a_violation() -> No
     time: a gap that the slow worker ends with its own delivery is not excused by its
     slowness; one another worker ends is (P2, docs/DESIGN.md §3.11)."""
     clock = Clock(100.0)
-    m = monitor(clock)
-    for cid in ("c1", "c2"):
-        m.started(cid)
-        m.call_started("w1", cid, 1, "s0", 1, 1)
-        m.call_ended("w1", cid, returned=True)
+    m = two_delivered_by_w1(clock)
     m.excuse(101.0, 120.0, slow="w2")
     clock.now = 119.0
     m.call_started("w2", "c1", 2, "s0", 2, 2)  # moved to the slow worker: 18 s dark
