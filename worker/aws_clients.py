@@ -36,8 +36,8 @@ _ENDPOINT_VARIABLES = (
 @dataclass(frozen=True, slots=True)
 class Clients:
     dynamodb: DynamoDBClient
-    """Every DynamoDB call but the session renew: short attempts, then a patient one
-    (worker.patient_calls)."""
+    """Every DynamoDB call but the session renew: short attempts, or a patient one
+    while the path is slow (worker.patient_calls)."""
     dynamodb_path: RoundTrips
     """What ``dynamodb``'s calls say of the path's speed."""
     renewals: DynamoDBClient
@@ -57,8 +57,8 @@ def short_attempt(timing: LeaseTiming) -> float:
 
 def dynamodb_config(timing: LeaseTiming, pool_size: int) -> Config:
     """Two short attempts (:func:`short_attempt`), so a hung request is abandoned well
-    before the lease is at risk; a call whose attempts both time out goes once more on
-    the patient client (:func:`patient_config`)."""
+    before the lease is at risk; while the path is slow, calls go to the patient client
+    instead (:func:`patient_config`)."""
     per_attempt = short_attempt(timing)
     return Config(
         connect_timeout=per_attempt,
@@ -84,9 +84,9 @@ def renew_config(timing: LeaseTiming) -> Config:
 
 
 def patient_config(timing: LeaseTiming, pool_size: int) -> Config:
-    """One attempt awaited as long as a renew's: on a path slow enough that every
-    short attempt times out, and yet alive (the renews land), a call is answered here
-    instead of landing unseen (worker.patient_calls)."""
+    """One attempt awaited as long as a renew's: on a path whose round trips are
+    longer than a short attempt, and yet alive (the renews land), a call is answered
+    here instead of landing unseen (worker.patient_calls)."""
     as_long_as_a_renew = timing.renew_attempt_timeout
     return Config(
         connect_timeout=as_long_as_a_renew,
@@ -99,8 +99,8 @@ def patient_config(timing: LeaseTiming, pool_size: int) -> Config:
 def patient_dynamodb(
     short: Any, patient: Any, timing: LeaseTiming, clock: Callable[[], float] = time.monotonic
 ) -> PatientClient:
-    """The shared DynamoDB client: ``short`` (:func:`dynamodb_config`), then ``patient``
-    (:func:`patient_config`)."""
+    """The shared DynamoDB client: ``short`` (:func:`dynamodb_config`), or ``patient``
+    (:func:`patient_config`) while the path is slow."""
     return PatientClient(short, patient, RoundTrips(short_attempt(timing)), clock)
 
 

@@ -29,8 +29,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RoundTrips:
-    """What the latest DynamoDB answers say of the path's speed; no I/O, no clock.
-    Fed from executor threads and the event loop."""
+    """What the latest DynamoDB answers say of the path's speed; no clock (it is told
+    each round trip). Fed from executor threads and the event loop."""
 
     short_attempt: float
     """Seconds a short attempt waits for its answer."""
